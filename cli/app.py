@@ -1,0 +1,31 @@
+"""The `fastdllm` command. Heavy imports (torch, transformers) happen inside commands, so --help is fast."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from . import common
+from .generate import generate
+from .info import info
+from .profiles_cmd import app as profiles_app
+
+app = typer.Typer(
+    name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Fast local decoding for diffusion language models (LLaDA, Dream): block-wise KV cache "
+         "and confidence-aware parallel decoding (Fast-dLLM).")
+
+
+@app.callback()
+def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks.")] = False):
+    common.DEBUG["on"] = common.DEBUG["on"] or debug
+
+
+app.command()(generate)
+app.command()(info)
+app.add_typer(profiles_app, name="profiles")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,145 @@
+"""What every command shares: the generation flags (declared once, added to a command's signature
+by `generation_options`), model and profile resolution, and the error/exit-code policy."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from fastdllm.errors import UsageError, UserError
+
+err_console = Console(stderr=True, highlight=False)
+DEBUG = {"on": bool(os.environ.get("FASTDLLM_DEBUG"))}
+
+# name -> (type, typer.Option): DecodeConfig fields first, then how to load the model.
+DECODE_FLAGS = {
+    "gen_len": (Optional[int], typer.Option("--gen-len", "-n", help="Tokens to generate (canvas length).")),
+    "block_len": (Optional[int], typer.Option("--block-len", help="Tokens per block.")),
+    "cache": (Optional[str], typer.Option("--cache", help="KV cache: none | prefix | dual.")),
+    "rule": (Optional[str], typer.Option("--rule", help="Commit rule: threshold | factor | fixed.")),
+    "threshold": (Optional[float], typer.Option("--threshold", help="Threshold rule: commit if confidence >= this.")),
+    "factor": (Optional[float], typer.Option("--factor", help="Factor rule: largest n with (n+1)(1-c_n) < f.")),
+    "steps": (Optional[int], typer.Option("--steps", help="Fixed rule: total steps (default gen_len).")),
+    "confidence": (Optional[str], typer.Option("--confidence", help="prob | margin | neg_entropy | random.")),
+    "temperature": (Optional[float], typer.Option("--temperature", help="0 = greedy.")),
+    "seed": (Optional[int], typer.Option("--seed", "-s", help="Random seed.")),
+    "refresh_every": (Optional[int], typer.Option("--refresh-every", help="Also refresh the cache every r steps.")),
+    "early_stop": (Optional[bool], typer.Option("--early-stop/--no-early-stop", help="Stop after the answer ends.")),
+}
+MODEL_FLAGS = {
+    "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory or hub id (default: built-in model).")),
+    "profile": (Optional[str], typer.Option("--profile", "-P", help="Profile name or YAML file (default: 'default').")),
+    "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU, fp32 on CPU).")),
+    "device": (Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto spreads over GPUs with accelerate).")),
+    "quantize": (Optional[str], typer.Option("--quantize", help="none | 8bit | 4bit (bitsandbytes).")),
+}
+MODEL_DEFAULTS = {"dtype": "auto", "device": "auto", "quantize": "none"}  # when neither flag nor env
+
+
+@dataclass
+class RunOptions:
+    model: str | None
+    profile: str | None
+    dtype: str
+    device: str
+    quantize: str
+    decode: dict[str, Any]          # DecodeConfig overrides from flags (None = not given)
+
+
+def generation_options(func):
+    """Add the model and decoding flags to a Typer command; it receives them as `opts`."""
+    flags = {**MODEL_FLAGS, **DECODE_FLAGS}
+    hints = typing.get_type_hints(func, include_extras=True)   # resolved, Annotated metadata kept
+    own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(func).parameters.values()
+           if p.name != "opts"]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[kind, option]) for name, (kind, option) in flags.items()]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs):
+        values = {name: kwargs.pop(name) for name in flags}
+        model = {k: values[k] or os.environ.get(f"FASTDLLM_{k.upper()}") or MODEL_DEFAULTS.get(k) for k in MODEL_FLAGS}
+        opts = RunOptions(**model, decode={k: values[k] for k in DECODE_FLAGS})
+        return func(opts=opts, **kwargs)
+
+    params = own + extra
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+def user_errors(func):
+    """One line on stderr and an exit code for user mistakes; 130 on Ctrl+C; tracebacks with --debug."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UserError as e:
+            if DEBUG["on"]:
+                raise
+            err_console.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            if DEBUG["on"]:
+                raise
+            err_console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+    return wrapper
+
+
+def resolve_model_dir(spec: str | None) -> Path:
+    """--model: a local directory, a hub id (downloaded when the network allows), or the built-in model."""
+    from fastdllm.builtin import builtin_model_path
+
+    if spec is None:
+        path = builtin_model_path()
+        if path is None:
+            raise UsageError("no model given and the built-in model is not installed: pass --model DIR")
+        return path
+    path = Path(spec).expanduser()
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        return path                                   # loading reports a missing/malformed directory
+    return _download(spec)
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        # weights, configs and tokenizer files only: no Python file of a checkpoint is fetched
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+    except Exception as e:  # offline, unknown repo, auth: all end the same way for the user
+        raise UserError(f"cannot fetch '{repo_id}' from the hub ({type(e).__name__}); "
+                        f"download it elsewhere and pass its local directory with --model DIR") from None
+
+
+def prepare(opts: RunOptions, *, status: bool = True):
+    """Resolve model dir, profile and config (before any weights are read), then load the model."""
+    from fastdllm import loading, profiles
+
+    model_dir = resolve_model_dir(opts.model)
+    profile = profiles.find(opts.profile or "default")
+    cfg = profiles.resolve(profile, opts.decode, model_dir)
+    if status and err_console.is_terminal:
+        with err_console.status(f"loading {model_dir.name} ..."):
+            lm = loading.load(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    else:
+        lm = loading.load(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    return lm, profile, cfg
+
+
+def is_terminal(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def stdin_is_piped() -> bool:
+    return not is_terminal(sys.stdin)

@@ -1,0 +1,81 @@
+"""`fastdllm generate`: one prompt, the live unmasking view (or block-by-block streaming), stats."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fastdllm.errors import UsageError, UserError
+
+from .common import RunOptions, err_console, generation_options, is_terminal, prepare, user_errors
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    if file is not None:
+        try:
+            return file.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read prompt file {file}: {e}") from None
+    if prompt == "-" or (prompt is None and not is_terminal(sys.stdin)):
+        return sys.stdin.read()
+    if prompt is None:
+        raise UsageError("no prompt: give it as an argument, with -f FILE, or on stdin")
+    return prompt
+
+
+def describe_rule(cfg) -> str:
+    return {"threshold": f"threshold {cfg.threshold}", "factor": f"factor {cfg.factor}",
+            "fixed": f"fixed {cfg.total_steps} steps"}[cfg.rule]
+
+
+@user_errors
+@generation_options
+def generate(
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or a pipe reads stdin.")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No stats line.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Detailed timing and memory stats.")] = False,
+    no_live: Annotated[bool, typer.Option("--no-live", help="No live view, even on a terminal.")] = False,
+    *, opts: RunOptions,
+):
+    """Generate an answer to PROMPT, showing block-by-block unmasking."""
+    from fastdllm.engine import Result, generate as run_engine
+    from fastdllm.view import BlockStreamer, LiveCanvas, stats_block, stats_line
+
+    text = read_prompt(prompt, file)
+    lm, profile, cfg = prepare(opts)
+    ids = lm.encode(text, chat=chat)
+    live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
+    header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe_rule(cfg)}"
+    view = (LiveCanvas(err_console, lm.tokenizer, header, cfg.gen_len, cfg.block_len, lm.specials.stops)
+            if live else None)
+    streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)
+    result = None
+    with view or nullcontext():
+        for event in run_engine(lm, [ids], cfg):
+            if isinstance(event, Result):
+                result = event
+            elif view:
+                view.update(event)
+            elif streamer:
+                streamer.update(event)
+    if json_out:
+        record = dict(result.to_dict(), profile=profile.name, model=lm.info)
+        sys.stdout.write(json.dumps(record) + "\n")
+        return
+    if streamer:
+        streamer.finish(result)
+    else:
+        sys.stdout.write(result.texts[0] + "\n")
+        sys.stdout.flush()
+    if verbose:
+        err_console.print(stats_block(result, lm.info, view.overhead if view else None), style="dim")
+    elif not quiet:
+        err_console.print(stats_line(result), style="dim")

@@ -1,0 +1,50 @@
+"""`fastdllm info [MODEL]`: what a checkpoint is and how much memory it needs."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .common import resolve_model_dir, user_errors
+
+out = Console(highlight=False)
+
+
+@user_errors
+def info(
+    model: Annotated[Optional[str], typer.Argument(help="Checkpoint directory or hub id (default: built-in model).")] = None,
+    gen_len: Annotated[int, typer.Option("--gen-len", "-n", help="Canvas tokens to generate, for the cache estimate.")] = 256,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens, for the cache estimate.")] = 128,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+):
+    """Family, size, dtype on disk, context, special ids, chat template, memory estimates."""
+    from fastdllm.checkpoint_info import inspect_checkpoint, memory_estimate
+    from fastdllm.view import human_bytes
+
+    details = inspect_checkpoint(resolve_model_dir(model))
+    memory = memory_estimate(details, prompt_len + gen_len)
+    if json_out:
+        out.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len)))
+        return
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [("path", details["path"]), ("family", f"{details['family']} ({', '.join(details['architectures'])})"),
+            ("parameters", f"{details['parameters'] / 1e6:,.1f} M"),
+            ("dtype on disk", f"{details['dtype_on_disk']} ({human_bytes(details['bytes_on_disk'])})"),
+            ("layers / hidden", f"{details['layers']} / {details['hidden_size']}"),
+            ("context length", f"{details['context_length']:,} tokens"),
+            ("vocabulary", f"{details['vocab_size']:,}"),
+            ("mask id", str(details["mask_id"])), ("eos ids", ", ".join(map(str, details["eos_ids"]))),
+            ("end-of-turn id", str(details["end_of_turn_id"])),
+            ("chat template", "yes" if details["chat_template"] else "no")]
+    for name, est in memory.items():
+        rows.append((f"memory {name}", f"{human_bytes(est['total'])} = weights {human_bytes(est['weights'])} "
+                                       f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)

@@ -1,0 +1,59 @@
+"""The canvas KV cache: per layer, one static key/value buffer as long as the whole canvas.
+
+A forward over a span [a, b) writes its fresh keys/values into [a, b) and attends to the whole
+buffer. Cache modes are then only a choice of span (see engine.py); nothing is ever copied or
+concatenated, and shapes stay static for the whole generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CanvasCache:
+    positions: torch.Tensor            # (B, T) RoPE position of each canvas slot (left padding shifts rows)
+    key_mask: torch.Tensor | None      # (B, 1, 1, T) True where a real token; None when nothing is padded
+    keys: list[torch.Tensor] | None    # per layer (B, H_kv, T, D), keys stored after RoPE
+    values: list[torch.Tensor] | None  # per layer (B, H_kv, T, D)
+
+    @classmethod
+    def allocate(cls, valid: torch.Tensor, *, layers: list[tuple[torch.device, torch.dtype]],
+                 kv_heads: int, head_dim: int, keep_kv: bool) -> "CanvasCache":
+        """`valid` (B, T) marks real tokens (False = left padding). `layers` gives each layer's
+        device and dtype (accelerate may spread layers over devices). keep_kv=False gives a
+        pass-through cache: every forward must then cover the whole canvas."""
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        key_mask = None if bool(valid.all()) else valid[:, None, None, :]
+        keys = values = None
+        if keep_kv:
+            shape = (valid.shape[0], kv_heads, valid.shape[1], head_dim)
+            keys = [torch.zeros(shape, device=d, dtype=t) for d, t in layers]
+            values = [torch.zeros(shape, device=d, dtype=t) for d, t in layers]
+        return cls(positions, key_mask, keys, values)
+
+    @property
+    def length(self) -> int:
+        return self.positions.shape[1]
+
+    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the span's fresh k/v (B, H_kv, S, D) at [start, start+S); return what to attend to."""
+        if self.keys is None:
+            if k.shape[2] != self.length:
+                raise RuntimeError("a span forward needs a KV cache (cache mode 'none' covers the whole canvas)")
+            return k, v
+        end = start + k.shape[2]
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer], self.values[layer]
+
+    def mask_for(self, device: torch.device) -> torch.Tensor | None:
+        return None if self.key_mask is None else self.key_mask.to(device, non_blocking=True)
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)

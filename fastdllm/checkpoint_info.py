@@ -1,0 +1,62 @@
+"""What a checkpoint directory holds, read from its headers (no weights loaded), and how much memory
+it needs at a given canvas length."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from math import prod
+from pathlib import Path
+
+from safetensors import safe_open
+
+from .loading import family_of, load_tokenizer, read_config, special_tokens
+
+BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1}
+
+
+def shard_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return [path / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [path / "model.safetensors"]
+
+
+def inspect_checkpoint(path: Path) -> dict:
+    raw = read_config(path)
+    config_cls, _ = family_of(raw, path)
+    config = config_cls.from_dict(raw)
+    shapes, dtypes = {}, Counter()
+    for shard in shard_files(path):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                shapes[name] = piece.get_shape()
+                dtypes[piece.get_dtype()] += prod(shapes[name])
+    tokenizer = load_tokenizer(path)
+    specials = special_tokens(raw, tokenizer, path)
+    kv_rows = next(s[0] for n, s in shapes.items() if n.endswith("k_proj.weight"))   # kv_heads * head_dim
+    in_blocks = sum(prod(s) for n, s in shapes.items() if len(s) == 2 and (".blocks." in n or ".layers." in n))
+    return {
+        "path": str(path), "family": raw["model_type"], "architectures": raw.get("architectures", []),
+        "parameters": sum(prod(s) for s in shapes.values()), "block_matrix_parameters": in_blocks,
+        "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
+        "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),
+        "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+        "kv_bytes_per_token_bf16": 2 * config.num_hidden_layers * kv_rows * 2,
+        "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
+        "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
+        "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+    }
+
+
+def memory_estimate(info: dict, canvas_tokens: int) -> dict[str, dict[str, int]]:
+    """Weights plus the canvas KV cache (bf16), for bf16 / 8-bit / 4-bit weights. 8- and 4-bit
+    quantise the matrices inside the blocks (bitsandbytes keeps embeddings, head and norms in
+    bf16); 4-bit NF4 adds one fp32 scale per 64 weights."""
+    rest = info["parameters"] - info["block_matrix_parameters"]
+    weights = {"bf16": info["parameters"] * 2,
+               "8bit": info["block_matrix_parameters"] * 1 + rest * 2,
+               "4bit": int(info["block_matrix_parameters"] * (0.5 + 4 / 64)) + rest * 2}
+    cache = info["kv_bytes_per_token_bf16"] * canvas_tokens
+    return {k: {"weights": w, "cache": cache, "total": w + cache} for k, w in weights.items()}

@@ -1,0 +1,80 @@
+"""Decoding rules as pure tensor functions, vectorised over the batch.
+
+Every rule answers one question per row: how many of the candidate positions to commit this step.
+The committed positions are then always the most confident ones, so the three rules share one
+selection mechanism:
+
+- fixed:     n from LLaDA's schedule (`fixed_schedule`), the baseline;
+- threshold: n = number of candidates with confidence >= tau (inclusive), at least 1;
+- factor:    n = the largest n with (n+1) * (1 - c_n) < f over the sorted confidences, at least 1
+             (the paper's Theorem 1 rule).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import DecodeConfig
+
+
+def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: torch.Tensor,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, K, V) -> (tokens (B, K), confidence (B, K)).
+
+    Confidence is computed from a logsumexp at fp32 or better; no full-vocabulary float64 softmax.
+    `banned` token ids (the mask id) can never be predicted: the reference loops forever when the
+    mask is the argmax."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits.index_fill_(-1, banned.to(logits.device), float("-inf"))
+    log_z = logits.logsumexp(-1, keepdim=True)                                    # (B, K, 1)
+    if temperature > 0:  # Gumbel-max: a sample of softmax(logits / T)
+        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+        gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+        tokens = (logits / temperature + gumbel).argmax(-1)
+    else:
+        tokens = logits.argmax(-1)                                                # first index on ties
+    if measure == "prob":        # probability of the token the position receives
+        confidence = (logits.gather(-1, tokens[..., None]) - log_z).exp()[..., 0]
+    elif measure == "margin":    # top-1 minus top-2 probability (Dream's topk_margin)
+        top2 = (logits.topk(2, dim=-1).values - log_z).exp()
+        confidence = top2[..., 0] - top2[..., 1]
+    elif measure == "neg_entropy":  # sum p log p (Dream's entropy); 0 is the most certain
+        log_p = logits - log_z
+        confidence = (log_p.exp() * log_p.nan_to_num(neginf=0.0)).sum(-1)   # banned ids: 0 * log 0 := 0
+    elif measure == "random":    # LLaDA's 'random' remasking
+        confidence = torch.rand(tokens.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+    else:
+        raise ValueError(f"unknown confidence measure {measure!r}")
+    return tokens, confidence
+
+
+def fixed_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """LLaDA's `get_num_transfer_tokens`: (B,) masked counts -> (B, steps) tokens per step,
+    spread evenly, the remainder going to the first steps."""
+    base, remainder = masked[:, None] // steps, masked[:, None] % steps
+    return base + (torch.arange(steps, device=masked.device)[None, :] < remainder).long()
+
+
+def commit_counts(sorted_conf: torch.Tensor, candidates: torch.Tensor, cfg: DecodeConfig,
+                  scheduled: torch.Tensor | None = None) -> torch.Tensor:
+    """How many to commit per row. sorted_conf (B, K) descending, non-candidates at -inf;
+    candidates (B,) their number; scheduled (B,) the fixed rule's counts."""
+    if cfg.rule == "threshold":
+        n = (sorted_conf >= cfg.threshold).sum(-1)
+    elif cfg.rule == "factor":
+        rank = torch.arange(1, sorted_conf.shape[-1] + 1, device=sorted_conf.device)
+        ok = (rank + 1) * (1 - sorted_conf) < cfg.factor          # monotone in rank: a prefix
+        n = ok.long().cumprod(-1).sum(-1)
+    else:
+        n = scheduled
+    return torch.minimum(n.clamp_min(1), candidates)   # at least the best one; never beyond candidates
+
+
+def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
+           scheduled: torch.Tensor | None = None) -> torch.Tensor:
+    """confidence, candidate (B, K) -> (B, K) bool: the n most confident candidates of each row."""
+    conf = confidence.masked_fill(~candidate, float("-inf"))
+    sorted_conf, order = conf.sort(dim=-1, descending=True, stable=True)
+    n = commit_counts(sorted_conf, candidate.sum(-1), cfg, scheduled)
+    take = torch.arange(conf.shape[-1], device=conf.device)[None, :] < n[:, None]   # in sorted order
+    return torch.zeros_like(take).scatter(-1, order, take)

@@ -1,0 +1,251 @@
+"""Load a checkpoint directory as published: config.json, sharded safetensors, tokenizer files.
+
+Weights go through transformers' `from_pretrained` (dtype, accelerate `device_map`, bitsandbytes
+`quantization_config`); our own classes are used for every family, so no Python file found in a
+checkpoint directory is ever executed. Special ids come from the checkpoint, never from constants.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+QUANTIZE = ("none", "8bit", "4bit")
+_PROBE = "fastdllm-end-of-turn-probe"
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    mask: int
+    pad: int
+    stops: tuple[int, ...]        # an answer ends at the first of these (EOS, end-of-turn)
+    eot: int | None = None        # the chat template's end-of-turn token, if any
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+    family: str
+    specials: SpecialTokens
+    context_length: int
+    dtype: torch.dtype
+    quantize: str
+    load_seconds: float
+    info: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.input_device
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: str, *, chat: bool | None = None, system: str | None = None,
+               history: list[dict] | None = None) -> list[int]:
+        """Token ids of `prompt`, wrapped in the chat template when `chat` (default: if there is one)."""
+        use_chat = self.has_chat_template if chat is None else chat
+        if use_chat and not self.has_chat_template:
+            raise UserError(f"{self.path.name} has no chat template; use --raw")
+        if not use_chat:
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
+        messages.append({"role": "user", "content": prompt})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def read_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise UserError(f"model directory not found: {path}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise UserError(f"{path} has no config.json; is it a checkpoint directory?")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {config_file}: {e}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{config_file} does not hold a JSON object")
+    return config
+
+
+def family_of(config: dict, path: Path):
+    from .models import FAMILIES
+
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        known = ", ".join(FAMILIES)
+        raise UserError(f"unsupported model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
+    config_cls, model_cls, architectures = FAMILIES[model_type]
+    declared = config.get("architectures") or list(architectures)
+    if not set(declared) & set(architectures):
+        raise UserError(f"unsupported architecture {declared} for model_type {model_type!r} "
+                        f"(supported: {', '.join(architectures)})")
+    return config_cls, model_cls
+
+
+def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none") -> LoadedModel:
+    start = time.perf_counter()
+    path = Path(path).expanduser()
+    raw = read_config(path)
+    config_cls, model_cls = family_of(raw, path)
+    config = config_cls.from_dict(raw)
+    if problems := config.unsupported():
+        raise UserError(f"{path.name}: architecture options not supported yet: {', '.join(problems)}")
+    _check_weights(path)
+    tokenizer = load_tokenizer(path)
+    torch_dtype, device_map = _placement(dtype, device)
+    kwargs = {"dtype": torch_dtype, "device_map": device_map}
+    if quantize != "none":
+        kwargs["quantization_config"] = _quantization(quantize, torch_dtype)
+    from safetensors import SafetensorError
+
+    try:
+        model = model_cls.from_pretrained(path, config=config, **kwargs).eval()
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
+        raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
+    specials = special_tokens(raw, tokenizer, path)
+    loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
+                         torch_dtype, quantize, time.perf_counter() - start)
+    loaded.info = describe(loaded)
+    return loaded
+
+
+def _check_weights(path: Path) -> None:
+    if (path / "model.safetensors").is_file():
+        return
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        raise UserError(f"{path} has no model.safetensors or model.safetensors.index.json")
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise UserError(f"malformed {index}: {e}") from None
+    missing = sorted(s for s in shards if not (path / s).is_file())
+    if missing:
+        raise UserError(f"{path} is missing weight shards: {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else ""))
+
+
+def load_tokenizer(path: Path):
+    """LLaDA ships tokenizer.json; Dream ships the slow Qwen2 files (vocab.json + merges.txt)."""
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    quiet_transformers()
+    try:
+        if (path / "tokenizer.json").is_file():
+            return PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
+        if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            return Qwen2Tokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as e:
+        raise UserError(f"cannot read the tokenizer in {path}: {str(e).splitlines()[0]}") from None
+    raise UserError(f"{path} has no tokenizer files (tokenizer.json, or vocab.json + merges.txt)")
+
+
+def quiet_transformers() -> None:
+    """No "Loading weights" progress bars or "tokenizer class DreamTokenizer differs" notes on a
+    user's terminal: our errors say what went wrong."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def special_tokens(config: dict, tokenizer, path: Path) -> SpecialTokens:
+    mask = config.get("mask_token_id")
+    if not isinstance(mask, int):
+        raise UserError(f"{path / 'config.json'} has no mask_token_id")
+    eos = _ids(config.get("eos_token_id")) or _ids(tokenizer.eos_token_id)
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        try:
+            eos += _ids(json.loads(gen_file.read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    eot = end_of_turn(tokenizer)
+    stops = tuple(dict.fromkeys(eos + ([eot] if eot is not None else [])))
+    if not stops:
+        raise UserError(f"{path} declares no eos_token_id")
+    pad = config.get("pad_token_id")
+    pad = pad if isinstance(pad, int) else (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0])
+    if pad == mask:
+        raise UserError(f"{path}: pad_token_id equals mask_token_id ({mask})")
+    return SpecialTokens(mask=mask, pad=pad, stops=stops, eot=eot)
+
+
+def end_of_turn(tokenizer) -> int | None:
+    """The special token the chat template puts right after an assistant message, if any."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}], tokenize=False)
+    except Exception:  # a template that rejects this conversation: no end-of-turn known
+        return None
+    rest = text[text.find(_PROBE) + len(_PROBE):] if _PROBE in text else ""
+    ids = tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    return ids[0] if ids and ids[0] in special else None
+
+
+def _ids(value) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int)]
+    return []
+
+
+def _placement(dtype: str, device: str):
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device_map = "auto" if cuda else {"": "cpu"}   # "auto": accelerate spreads over GPUs, offloads to CPU
+    elif device.startswith("cuda") and not cuda:
+        raise UserError(f"--device {device}: no CUDA device is available (torch {torch.__version__})")
+    elif device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise UserError(f"unknown device {device!r} (auto, cpu, cuda, cuda:N, mps)")
+    else:
+        device_map = {"": device}
+    on_gpu = device_map == "auto" or not str(device_map[""]).startswith("cpu")
+    if dtype == "auto":
+        return (torch.bfloat16 if on_gpu else torch.float32), device_map
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r} (auto, {', '.join(DTYPES)})")
+    return DTYPES[dtype], device_map
+
+
+def _quantization(quantize: str, compute_dtype: torch.dtype):
+    if quantize not in QUANTIZE:
+        raise UserError(f"unknown quantization {quantize!r} ({', '.join(QUANTIZE)})")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise UserError(f"--quantize {quantize} needs bitsandbytes: pip install 'fastdllm[quant]'") from None
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "8bit":
+        # bitsandbytes warns on every 8-bit matmul that it computes in fp16; say it once, here.
+        warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")
+
+
+def describe(loaded: LoadedModel) -> dict:
+    model = loaded.model
+    params = sum(p.numel() for p in model.parameters())
+    return {"path": str(loaded.path), "family": loaded.family, "parameters": params,
+            "dtype": str(loaded.dtype).replace("torch.", ""), "quantize": loaded.quantize,
+            "device": str(loaded.device), "context_length": loaded.context_length,
+            "mask_id": loaded.specials.mask, "stop_ids": list(loaded.specials.stops),
+            "chat_template": loaded.has_chat_template,
+            "weights_bytes": model.get_memory_footprint()}

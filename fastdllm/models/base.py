@@ -1,0 +1,96 @@
+"""What every diffusion family shares: the span forward the engine calls, the plain full forward
+(training, users), cache allocation and weight initialisation. A family supplies its modules under
+the checkpoint's names and points `embed`, `blocks`, `final_norm` and `head` at them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from ..cache import CanvasCache
+from .layers import RMSNorm, rotary_tables
+
+
+class DiffusionLM(PreTrainedModel):
+    base_model_prefix = "model"
+    # Logits for canvas position p come from the hidden state at p - logit_shift
+    # (0 for LLaDA; 1 for Dream, which predicts the next token like an AR model).
+    logit_shift = 0
+    # Set by each family: number of KV heads, head size, RoPE base, end-of-turn discovery aside.
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_theta: float
+
+    # --- provided by each family -------------------------------------------------------------
+    embed: nn.Embedding
+    blocks: nn.ModuleList
+    final_norm: RMSNorm
+    output_head: nn.Linear | None  # None when tied to the input embedding
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        if self.output_head is None:
+            return F.linear(h, self.embed.weight)
+        return self.output_head(h)
+
+    # --- forwards ------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> MaskedLMOutput:
+        """Plain full forward: logits (B, T, V) for every position, unshifted (as the official models)."""
+        valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        cache = self.new_cache(valid, keep_kv=False)
+        return MaskedLMOutput(logits=self.head(self.hidden_states(input_ids, 0, cache)))
+
+    def forward_span(self, canvas: torch.Tensor, start: int, end: int, cache: CanvasCache,
+                     logit_positions: torch.Tensor) -> torch.Tensor:
+        """Recompute canvas span [start, end) against the cache; return logits (B, K, V) for the
+        canvas positions `logit_positions` (B, K), which must lie in [start, end)."""
+        first = max(start - self.logit_shift, 0)  # a shifted family also needs the slot before the span
+        h = self.hidden_states(canvas[:, first:end], first, cache)
+        rows = (logit_positions - self.logit_shift - first).to(h.device)
+        h = h.gather(1, rows[..., None].expand(-1, -1, h.shape[-1]))   # (B, K, d)
+        return self.head(h)
+
+    def hidden_states(self, ids: torch.Tensor, start: int, cache: CanvasCache) -> torch.Tensor:
+        x = self.embed(ids)                                              # (B, S, d)
+        positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
+        cos, sin = rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
+        key_mask = cache.mask_for(x.device)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, key_mask, cache, layer, start)
+        return self.final_norm(x)
+
+    # --- cache ---------------------------------------------------------------------------------
+    def new_cache(self, valid: torch.Tensor, keep_kv: bool = True) -> CanvasCache:
+        dtype = self.embed.weight.dtype  # the compute dtype, also under 8/4-bit quantization
+        layers = [(_execution_device(block), dtype) for block in self.blocks]
+        return CanvasCache.allocate(valid, layers=layers, kv_heads=self.n_kv_heads,
+                                    head_dim=self.head_dim, keep_kv=keep_kv)
+
+    @property
+    def input_device(self) -> torch.device:
+        return _execution_device(self.embed)
+
+    # --- transformers plumbing ---------------------------------------------------------------
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config, "initializer_range", None) or getattr(self.config, "init_std", 0.02)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+
+def _execution_device(module: nn.Module) -> torch.device:
+    """Where `module` computes: accelerate's hook says so for offloaded modules (weights on meta)."""
+    hook = getattr(module, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    return next(module.parameters()).device

@@ -1,0 +1,98 @@
+"""LLaDA-8B (Base, Instruct) and LLaDA-1.5: config keys and tensor names as published
+(`model.transformer.blocks.N.q_proj.weight`, ...). Logits at the same position (no shift)."""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers import PretrainedConfig
+
+from .base import DiffusionLM
+from .layers import RMSNorm, self_attention, swiglu
+
+
+class LLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                     "num_attention_heads": "n_heads", "max_position_embeddings": "max_sequence_length"}
+
+    def __init__(self, d_model=4096, n_heads=32, n_kv_heads=None, n_layers=32, mlp_hidden_size=12288,
+                 vocab_size=126464, embedding_size=126464, max_sequence_length=4096, rope_theta=500000.0,
+                 rms_norm_eps=1e-5, mask_token_id=126336, weight_tying=False, include_bias=False,
+                 include_qkv_bias=False, activation_type="silu", block_type="llama", layer_norm_type="rms",
+                 rope=True, alibi=False, attention_layer_norm=False, scale_logits=False,
+                 input_emb_norm=False, init_std=0.02, **kwargs):
+        self.d_model, self.n_heads, self.n_layers = d_model, n_heads, n_layers
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.mlp_hidden_size, self.vocab_size, self.embedding_size = mlp_hidden_size, vocab_size, embedding_size or vocab_size
+        self.max_sequence_length, self.rope_theta, self.rms_norm_eps = max_sequence_length, rope_theta, rms_norm_eps
+        self.mask_token_id, self.weight_tying = mask_token_id, weight_tying
+        self.include_bias, self.include_qkv_bias = include_bias, include_qkv_bias
+        self.activation_type, self.block_type, self.layer_norm_type = activation_type, block_type, layer_norm_type
+        self.rope, self.alibi, self.attention_layer_norm = rope, alibi, attention_layer_norm
+        self.scale_logits, self.input_emb_norm, self.init_std = scale_logits, input_emb_norm, init_std
+        kwargs.setdefault("tie_word_embeddings", False)  # tying is LLaDA's own `weight_tying` key
+        super().__init__(**kwargs)
+
+    def unsupported(self) -> list[str]:
+        """Architecture options of the LLaDA code base this implementation does not cover."""
+        wanted = {"block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms", "rope": True,
+                  "alibi": False, "attention_layer_norm": False, "scale_logits": False,
+                  "input_emb_norm": False, "include_bias": False}
+        return [f"{k}={getattr(self, k)!r}" for k, v in wanted.items() if getattr(self, k) != v]
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        d, hd = cfg.d_model, cfg.d_model // cfg.n_heads
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, hd
+        self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, d, bias=cfg.include_qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.include_qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.include_qkv_bias)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)   # gate (through SiLU)
+        self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)    # down
+
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int):
+        x = x + self_attention(self.attn_norm(x), self.q_proj, self.k_proj, self.v_proj, self.attn_out,
+                               n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+                               cos=cos, sin=sin, key_mask=key_mask, cache=cache, layer=layer, start=start)
+        return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
+
+
+class LLaDAModelLM(DiffusionLM):
+    config_class = LLaDAConfig
+    _no_split_modules = ["LLaDABlock"]
+
+    def __init__(self, config: LLaDAConfig):
+        super().__init__(config)
+        t = nn.Module()
+        t.wte = nn.Embedding(config.embedding_size, config.d_model)
+        t.blocks = nn.ModuleList(LLaDABlock(config) for _ in range(config.n_layers))
+        t.ln_f = RMSNorm(config.d_model, config.rms_norm_eps)
+        if not config.weight_tying:
+            t.ff_out = nn.Linear(config.d_model, config.embedding_size, bias=False)
+        self.model = nn.Module()
+        self.model.transformer = t
+        self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
+        self.head_dim, self.rope_theta = config.d_model // config.n_heads, config.rope_theta
+        self.post_init()
+
+    @property
+    def embed(self):
+        return self.model.transformer.wte
+
+    @property
+    def blocks(self):
+        return self.model.transformer.blocks
+
+    @property
+    def final_norm(self):
+        return self.model.transformer.ln_f
+
+    @property
+    def output_head(self):
+        return getattr(self.model.transformer, "ff_out", None)

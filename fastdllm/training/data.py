@@ -1,0 +1,100 @@
+"""The corpus (Python standard library source, tests excluded, a few modules held out) and the
+masked-diffusion training batches built from it."""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# Whole modules kept out of training (and out of the tokenizer) for evaluation.
+HELD_OUT = ("textwrap", "fractions", "shlex", "heapq", "bisect", "colorsys", "graphlib", "statistics")
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
+
+
+def corpus_files(root: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """(training files, held-out files) under the stdlib of the interpreter running this."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py")
+                   if not _SKIP_DIRS & set(p.relative_to(root).parts[:-1]) and not p.name.startswith("test_"))
+    held = [p for p in files if p.parent == root and p.stem in HELD_OUT]
+    return [p for p in files if p not in held], held
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def functions(source: str) -> list[tuple[str, str]]:
+    """(header, body) of every function in `source`, dedented: the header runs from `def` to the
+    line before the first statement of the body (signature only), the body is the rest."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.splitlines(keepends=True)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
+            split = node.body[0].lineno - 1
+            if split <= node.lineno - 1:      # one-line `def f(): return x`
+                continue
+            text = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
+            n_header = split - (node.lineno - 1)
+            text_lines = text.splitlines(keepends=True)
+            found.append(("".join(text_lines[:n_header]), "".join(text_lines[n_header:])))
+    return found
+
+
+@dataclass
+class Examples:
+    """Two kinds of rows, mixed: windows of the token stream (pretraining: every token may be
+    masked) and function completions (SFT: the header is the prompt, never masked; the body is
+    followed by EOS padding to the row end, as LLaDA's SFT pads answers)."""
+    stream: torch.Tensor                      # (N,) all training tokens, documents joined by EOS
+    functions: list[tuple[list[int], list[int]]]
+    seq_len: int
+    eos: int
+    sft_fraction: float = 0.5
+
+    def batch(self, size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens (B, L), prompt_len (B,))."""
+        rows, prompts = [], []
+        kinds = torch.rand(size, generator=gen) < self.sft_fraction
+        for is_sft in kinds.tolist():
+            if is_sft and self.functions:
+                header, body = self.functions[int(torch.randint(len(self.functions), (1,), generator=gen))]
+                header = header[: self.seq_len // 2]
+                body = body[: self.seq_len - len(header) - 1]
+                pad = self.seq_len - len(header) - len(body)
+                rows.append(torch.tensor(header + body + [self.eos] * pad))
+                prompts.append(len(header))
+            else:
+                start = int(torch.randint(len(self.stream) - self.seq_len, (1,), generator=gen))
+                rows.append(self.stream[start:start + self.seq_len])
+                prompts.append(0)
+        return torch.stack(rows), torch.tensor(prompts)
+
+
+def mask_batch(tokens: torch.Tensor, prompt_len: torch.Tensor, mask_id: int, gen: torch.Generator,
+               t: torch.Tensor | None = None, eps: float = 1e-3):
+    """LLaDA's forward process: per row t ~ U(eps, 1]; each answer token masked with prob t.
+    Returns (noisy tokens, masked (B, L) bool, t (B,))."""
+    B, L = tokens.shape
+    if t is None:
+        t = eps + (1 - eps) * torch.rand(B, generator=gen)
+    answer = torch.arange(L)[None, :] >= prompt_len[:, None]
+    masked = (torch.rand(B, L, generator=gen) < t[:, None]) & answer
+    return torch.where(masked, mask_id, tokens), masked, t
+
+
+def diffusion_loss(logits: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
+                   prompt_len: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on masked positions weighted by 1/t, normalised by each row's answer length."""
+    ce = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), tokens, reduction="none")  # (B, L)
+    per_row = (ce * masked / t[:, None]).sum(1) / (tokens.shape[1] - prompt_len).clamp_min(1)
+    return per_row.mean()

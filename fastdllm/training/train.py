@@ -1,0 +1,205 @@
+"""Train a small LLaDA-architecture model on Python source with the masked-diffusion objective.
+
+Resumable: the full training state (weights, optimiser, step, RNG, wall time) is saved every few
+minutes to `state_dir/state.pt`; the exported checkpoint (LLaDA format, bf16) and its
+`trainer_state.json` are written next to it, so a run can also restart from the export alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..models import LLaDAConfig, LLaDAModelLM
+from . import data, tokenizer
+
+
+@dataclass
+class TrainConfig:
+    out: Path                      # exported checkpoint directory (LLaDA format)
+    state_dir: Path                # resumable training state
+    corpus_root: Path | None = None  # default: this interpreter's stdlib
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 8
+    n_heads: int = 8
+    mlp_hidden_size: int = 768
+    seq_len: int = 256
+    max_sequence_length: int = 2048
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr_fraction: float = 0.1
+    warmup_steps: int = 300
+    total_steps: int = 20000
+    weight_decay: float = 0.1
+    sft_fraction: float = 0.5
+    seed: int = 0
+    save_every_minutes: float = 10.0
+    max_minutes: float | None = None   # stop (and save) after this much wall time in this run
+    eval_every: int = 500
+    threads: int | None = None
+
+
+def prepare(cfg: TrainConfig, log=print):
+    """Tokenizer (trained once, then reused), token stream, functions, held-out eval batch."""
+    train_files, held_files = data.corpus_files(cfg.corpus_root)
+    tok_dir = cfg.state_dir / "tokenizer"
+    if (tok_dir / "tokenizer.json").is_file():
+        tok = tokenizer.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    else:
+        tok = tokenizer.train_bpe((data.read(p) for p in train_files), cfg.vocab_size)
+        tokenizer.save_llada_tokenizer(tok, tok_dir)
+    ids = {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
+    eos = ids[tokenizer.EOS]
+    texts = [data.read(p) for p in train_files]
+    stream = []
+    for enc in tok.encode_batch(texts):
+        stream.extend(enc.ids + [eos])
+    funcs = [f for text in texts for f in data.functions(text)]
+    pairs = list(zip(tok.encode_batch([h for h, _ in funcs]), tok.encode_batch([b for _, b in funcs])))
+    examples = data.Examples(torch.tensor(stream), [(h.ids, b.ids) for h, b in pairs], cfg.seq_len, eos, cfg.sft_fraction)
+    held_stream = []
+    for enc in tok.encode_batch([data.read(p) for p in held_files]):
+        held_stream.extend(enc.ids + [eos])
+    log(f"corpus: {len(train_files)} files, {len(stream):,} tokens, {len(funcs):,} functions; "
+        f"held out: {len(held_files)} modules, {len(held_stream):,} tokens")
+    return tok, ids, examples, torch.tensor(held_stream)
+
+
+def build_model(cfg: TrainConfig, ids: dict[str, int], vocab: int) -> LLaDAModelLM:
+    config = LLaDAConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                         mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=vocab, embedding_size=vocab,
+                         max_sequence_length=cfg.max_sequence_length, rope_theta=10000.0,
+                         mask_token_id=ids[tokenizer.MASK], eos_token_id=ids[tokenizer.EOS],
+                         pad_token_id=ids[tokenizer.EOS], bos_token_id=ids[tokenizer.BOS])
+    torch.manual_seed(cfg.seed)
+    return LLaDAModelLM(config)
+
+
+def heldout_loss(model, held: torch.Tensor, mask_id: int, seq_len: int, rows: int = 32) -> float:
+    """Masked-diffusion loss on fixed held-out windows at fixed t (0.05 ... 1), fixed masks."""
+    gen = torch.Generator().manual_seed(1234)
+    starts = torch.linspace(0, len(held) - seq_len - 1, rows).long()
+    tokens = torch.stack([held[s:s + seq_len] for s in starts.tolist()])
+    t = torch.linspace(0.05, 1.0, rows)
+    prompt = torch.zeros(rows, dtype=torch.long)
+    noisy, masked, t = data.mask_batch(tokens, prompt, mask_id, gen, t=t)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(noisy).logits
+    model.train()
+    return float(data.diffusion_loss(logits, tokens, masked, t, prompt))
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_fraction + (1 - cfg.min_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    tok, ids, examples, held = prepare(cfg, log)
+    model = build_model(cfg, ids, tok.get_vocab_size())
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    state = {"step": 0, "tokens": 0, "wall_seconds": 0.0, "runs": 0, "history": []}
+    state_file = cfg.state_dir / "state.pt"
+    if resume and state_file.is_file():
+        saved = torch.load(state_file, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        gen.set_state(saved["generator"])
+        state = saved["state"]
+        log(f"resumed from {state_file} at step {state['step']}")
+    elif resume and (cfg.out / "trainer_state.json").is_file():   # weights-only restart from the export
+        exported = LLaDAModelLM.from_pretrained(cfg.out, dtype=torch.float32)
+        model.load_state_dict(exported.state_dict())
+        state = json.loads((cfg.out / "trainer_state.json").read_text())
+        gen.manual_seed(cfg.seed + state["step"])
+        log(f"resumed weights (optimiser reset) from {cfg.out} at step {state['step']}")
+    state["runs"] += 1
+
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    run_start = last_save = time.perf_counter()
+    wall_before = state["wall_seconds"]
+    mask_id = ids[tokenizer.MASK]
+    model.train()
+    window_tokens, window_start = 0, time.perf_counter()
+    while state["step"] < cfg.total_steps and not stop["now"]:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, state["step"])
+        tokens, prompt = examples.batch(cfg.batch_size, gen)
+        noisy, masked, t = data.mask_batch(tokens, prompt, mask_id, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(noisy).logits
+        loss = data.diffusion_loss(logits, tokens, masked, t, prompt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += tokens.numel()
+        window_tokens += tokens.numel()
+        now = time.perf_counter()
+        state["wall_seconds"] = wall_before + (now - run_start)
+        if state["step"] % 50 == 0:
+            log(f"step {state['step']} loss {loss.item():.3f} lr {lr_at(cfg, state['step']):.2e} "
+                f"{window_tokens / (now - window_start):.0f} tok/s wall {state['wall_seconds'] / 60:.1f} min")
+            window_tokens, window_start = 0, now
+        if state["step"] % cfg.eval_every == 0:
+            held_loss = heldout_loss(model, held, mask_id, cfg.seq_len)
+            state["history"].append({"step": state["step"], "train_loss": loss.item(), "heldout_loss": held_loss})
+            log(f"step {state['step']} held-out loss {held_loss:.3f}")
+        out_of_time = cfg.max_minutes is not None and now - run_start > cfg.max_minutes * 60
+        if now - last_save > cfg.save_every_minutes * 60 or out_of_time:
+            save(cfg, model, opt, gen, state, tok, ids)
+            last_save = now
+        if out_of_time:
+            break
+    state["final_heldout_loss"] = heldout_loss(model, held, mask_id, cfg.seq_len)
+    state["final_train_loss"] = loss.item() if state["step"] else None
+    save(cfg, model, opt, gen, state, tok, ids)
+    log(f"saved at step {state['step']}, held-out loss {state['final_heldout_loss']:.3f}")
+    return state
+
+
+def save(cfg: TrainConfig, model, opt, gen, state, tok, ids) -> None:
+    tmp = cfg.state_dir / "state.pt.tmp"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+                "state": state}, tmp)
+    tmp.replace(cfg.state_dir / "state.pt")
+    export(cfg, model, state, tok, ids)
+
+
+def export(cfg: TrainConfig, model: LLaDAModelLM, state: dict, tok, ids: dict[str, int]) -> None:
+    """The checkpoint in LLaDA's published layout, weights in bf16."""
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    bf16 = LLaDAModelLM(model.config)
+    bf16.load_state_dict(model.state_dict())
+    bf16.to(torch.bfloat16).save_pretrained(out)
+    config = json.loads((out / "config.json").read_text())
+    config.pop("dtype", None)
+    config["torch_dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_llada_tokenizer(tok, out)
+    gen_config = {"bos_token_id": ids[tokenizer.BOS], "eos_token_id": ids[tokenizer.EOS],
+                  "pad_token_id": ids[tokenizer.EOS], "mask_token_id": ids[tokenizer.MASK]}
+    (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
+    record = {k: v for k, v in state.items()}
+    record["train_config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+    (out / "trainer_state.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,37 @@
+"""Tiny checkpoints in the exact published layouts (random weights), built once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathlib import Path
+
+from fastdllm import loading
+from fastdllm.tiny_random import write_dream, write_llada
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"   # real published non-weight files
+
+# Sharper-than-usual random weights: varied tokens and confidences (median ~0.7), so that the
+# threshold and factor rules commit several tokens in some steps and one in others.
+VARIED = dict(init_std=0.3, logit_scale=2.0, fixtures=FIXTURES)
+
+
+@pytest.fixture(scope="session")
+def llada_dir(tmp_path_factory):
+    return write_llada(tmp_path_factory.mktemp("ckpt") / "tiny-llada", **VARIED)
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tmp_path_factory):
+    # Dream's vocabulary is 152k: a larger head scale gives the same spread of confidences
+    return write_dream(tmp_path_factory.mktemp("ckpt") / "tiny-dream", **dict(VARIED, logit_scale=4.0))
+
+
+@pytest.fixture(scope="session")
+def llada64(llada_dir):
+    return loading.load(llada_dir, dtype="fp64")
+
+
+@pytest.fixture(scope="session")
+def dream64(dream_dir):
+    return loading.load(dream_dir, dtype="fp64")
