@@ -31,10 +31,11 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: t
         u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
         tokens = (logits / temperature + gumbel).argmax(-1)
+        top = logits.gather(-1, tokens[..., None])[..., 0]
     else:
-        tokens = logits.argmax(-1)                                                # first index on ties
+        top, tokens = logits.max(-1)                                              # first index on ties
     if measure == "prob":        # probability of the token the position receives
-        confidence = (logits.gather(-1, tokens[..., None]) - log_z).exp()[..., 0]
+        confidence = (top - log_z[..., 0]).exp()
     elif measure == "margin":    # top-1 minus top-2 probability (Dream's topk_margin)
         top2 = (logits.topk(2, dim=-1).values - log_z).exp()
         confidence = top2[..., 0] - top2[..., 1]

@@ -113,6 +113,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
 
     try:
         model = model_cls.from_pretrained(path, config=config, **kwargs).eval()
+        model.prepare_for_inference()
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
     specials = special_tokens(raw, tokenizer, path)

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from ..cache import CanvasCache
-from .layers import RMSNorm, rotary_tables
+from .layers import RMSNorm, linear, pack_linear, rotary_tables
 
 
 class DiffusionLM(PreTrainedModel):
@@ -34,7 +34,7 @@ class DiffusionLM(PreTrainedModel):
     def head(self, h: torch.Tensor) -> torch.Tensor:
         if self.output_head is None:
             return F.linear(h, self.embed.weight)
-        return self.output_head(h)
+        return linear(h, self.output_head)
 
     # --- forwards ------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> MaskedLMOutput:
@@ -48,19 +48,31 @@ class DiffusionLM(PreTrainedModel):
         """Recompute canvas span [start, end) against the cache; return logits (B, K, V) for the
         canvas positions `logit_positions` (B, K), which must lie in [start, end)."""
         first = max(start - self.logit_shift, 0)  # a shifted family also needs the slot before the span
-        h = self.hidden_states(canvas[:, first:end], first, cache)
-        rows = (logit_positions - self.logit_shift - first).to(h.device)
-        h = h.gather(1, rows[..., None].expand(-1, -1, h.shape[-1]))   # (B, K, d)
-        return self.head(h)
+        rows = logit_positions - self.logit_shift - first                # (B, K) span-relative
+        return self.head(self.hidden_states(canvas[:, first:end], first, cache, rows))   # (B, K, V)
 
-    def hidden_states(self, ids: torch.Tensor, start: int, cache: CanvasCache) -> torch.Tensor:
+    def hidden_states(self, ids: torch.Tensor, start: int, cache: CanvasCache,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (B, S) at canvas offset `start` -> final hidden states (B, S, d), or (B, K, d) at
+        `rows`: the last layer computes outputs only there (its keys/values still cover the span)."""
         x = self.embed(ids)                                              # (B, S, d)
         positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
         cos, sin = rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
         key_mask = cache.mask_for(x.device)
+        last = len(self.blocks) - 1
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, key_mask, cache, layer, start)
+            x = block(x, cos, sin, key_mask, cache, layer, start, rows if layer == last else None)
         return self.final_norm(x)
+
+    def prepare_for_inference(self) -> None:
+        """After placement: one matmul for q/k/v and one for gate/up in every block, and on CPU
+        the weights in oneDNN's blocked layout. Numerics are unchanged; the module is then for
+        inference only (fused parameters change shape)."""
+        for block in self.blocks:
+            block.fuse()
+        for module in list(self.blocks.modules()) + [self.output_head]:
+            if isinstance(module, nn.Linear):
+                pack_linear(module)
 
     # --- cache ---------------------------------------------------------------------------------
     def new_cache(self, valid: torch.Tensor, keep_kv: bool = True) -> CanvasCache:

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .base import DiffusionLM
-from .layers import RMSNorm, self_attention, swiglu
+from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
 
 
 class DreamConfig(PretrainedConfig):
@@ -68,11 +68,16 @@ class DreamDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DreamMLP(cfg)
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int):
+    def fuse(self) -> None:
+        fuse_linears(self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj)
+        fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)
+
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
         a = self.self_attn
-        x = x + self_attention(self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+        x = take_rows(x, rows) + self_attention(self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
                                n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                               cos=cos, sin=sin, key_mask=key_mask, cache=cache, layer=layer, start=start)
+                               cos=cos, sin=sin, key_mask=key_mask, cache=cache, layer=layer, start=start,
+                               rows=rows)
         m = self.mlp
         return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
 

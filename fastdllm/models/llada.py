@@ -7,7 +7,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .base import DiffusionLM
-from .layers import RMSNorm, self_attention, swiglu
+from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -56,10 +56,15 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)    # down
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int):
-        x = x + self_attention(self.attn_norm(x), self.q_proj, self.k_proj, self.v_proj, self.attn_out,
+    def fuse(self) -> None:
+        fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        fuse_linears(self.ff_proj, self.up_proj)
+
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+        x = take_rows(x, rows) + self_attention(self.attn_norm(x), self.q_proj, self.k_proj, self.v_proj, self.attn_out,
                                n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                               cos=cos, sin=sin, key_mask=key_mask, cache=cache, layer=layer, start=start)
+                               cos=cos, sin=sin, key_mask=key_mask, cache=cache, layer=layer, start=start,
+                               rows=rows)
         return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
 
 
