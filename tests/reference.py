@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 
 class NaiveLM:
-    def __init__(self, model):
-        self.sd = {k: v.detach() for k, v in model.state_dict().items()}
-        self.dream = type(model).__name__ == "DreamModel"
-        c = model.config
+    """Reads the weights from the checkpoint files themselves (float64), not from fastdllm's model."""
+
+    def __init__(self, lm):
+        self.sd = {}
+        for shard in sorted(lm.path.glob("*.safetensors")):
+            self.sd.update({k: v.double() for k, v in load_file(shard).items()})
+        self.dream = lm.family == "Dream"
+        c = lm.model.config
         if self.dream:
             self.L, self.H, self.Hkv = c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
             self.D, self.theta, self.eps = c.hidden_size // c.num_attention_heads, c.rope_theta, c.rms_norm_eps
@@ -139,11 +144,11 @@ def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_
     return x0, chosen, conf
 
 
-def reference_generate(model, prompt, *, cache, gen_length, block_length, steps=None, threshold=None,
+def reference_generate(lm, prompt, *, cache, gen_length, block_length, steps=None, threshold=None,
                        factor=None, mask_id, factor_quirk=False, ban_mask=True, record=None):
     """cache in {"none", "prefix", "dual"}; returns (canvas (B, P+G), nfe). `record` (a list) gets
     the set of committed canvas positions of every step."""
-    net = NaiveLM(model)
+    net = NaiveLM(lm)
     B, P = prompt.shape
     x = torch.full((B, P + gen_length), mask_id, dtype=torch.long)
     x[:, :P] = prompt

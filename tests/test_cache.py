@@ -62,3 +62,23 @@ def test_cache_bytes_and_no_cache_mode(llada64):
     expected = 2 * cfg.n_layers * 2 * cfg.n_kv_heads * 50 * (cfg.d_model // cfg.n_heads) * 8   # K+V, fp64
     assert cache.nbytes == expected
     assert llada64.model.new_cache(valid, keep_kv=False).nbytes == 0
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_inference_layout_keeps_numerics(family, request):
+    """Fused q/k/v and gate/up plus oneDNN-packed CPU weights give the plain model's logits."""
+    from fastdllm import loading
+
+    path = request.getfixturevalue(f"{family}_dir")
+    prepared = loading.load(path, dtype="fp32")
+    plain = type(prepared.model).from_pretrained(path, dtype=torch.float32).eval()
+    assert prepared.model.blocks[0].state_dict() != {} and any(
+        p.is_mkldnn for p in prepared.model.parameters()) == torch.backends.mkldnn.is_available()
+    canvas, P = _canvas(prepared)
+    positions = torch.arange(P, P + 8)[None]
+    with torch.no_grad():
+        ours = prepared.model.forward_span(canvas, 0, canvas.shape[1], prepared.model.new_cache(
+            torch.ones_like(canvas, dtype=torch.bool)), positions)
+        reference = plain(canvas).logits[:, P - plain.logit_shift:P + 8 - plain.logit_shift]
+    assert (ours - reference).abs().max().item() < 1e-4
+    assert sum(p.numel() for p in prepared.model.parameters()) == sum(p.numel() for p in plain.parameters())

@@ -34,7 +34,7 @@ def theirs(lm, prompt, cfg, **quirks):
     record = []
     rule = {"fixed": {}, "threshold": {"threshold": cfg.threshold}, "factor": {"factor": cfg.factor}}[cfg.rule]
     canvas, nfe = reference_generate(
-        lm.model, torch.tensor([prompt]), cache=cfg.cache, gen_length=cfg.gen_len, block_length=cfg.block_len,
+        lm, torch.tensor([prompt]), cache=cfg.cache, gen_length=cfg.gen_len, block_length=cfg.block_len,
         steps=cfg.total_steps, mask_id=lm.specials.mask, record=record, **rule, **quirks)
     return [sorted(s) for s in record], canvas[0, len(prompt):], nfe
 
