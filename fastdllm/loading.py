@@ -8,8 +8,8 @@ checkpoint directory is ever executed. Special ids come from the checkpoint, nev
 from __future__ import annotations
 
 import json
+import logging
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,8 +235,8 @@ def _quantization(quantize: str, compute_dtype: torch.dtype):
     from transformers import BitsAndBytesConfig
 
     if quantize == "8bit":
-        # bitsandbytes warns on every 8-bit matmul that it computes in fp16; say it once, here.
-        warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
+        # bitsandbytes logs on every 8-bit matmul that it computes in fp16: said once, here
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")
 

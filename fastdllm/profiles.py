@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError, DecodeConfig
-from .errors import UsageError, UserError
+from .errors import UsageError
 
 ENV_PREFIX = "FASTDLLM_"
 
@@ -59,7 +59,7 @@ def find(name_or_path: str) -> Profile:
     path = Path(name_or_path).expanduser()
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
-            raise UserError(f"profile file not found: {path}")
+            raise UsageError(f"profile file not found: {path}")
         return load_file(path, path.stem, str(path))
     for directory in user_profile_dirs():
         candidate = directory / f"{name_or_path}.yaml"
@@ -76,9 +76,9 @@ def load_file(path: Path, name: str, source: str) -> Profile:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"profile {path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
+        raise UsageError(f"profile {path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise UserError(f"profile {path}: expected a mapping of settings, got {type(data).__name__}")
+        raise UsageError(f"profile {path}: expected a mapping of settings, got {type(data).__name__}")
     description = str(data.pop("description", "") or "")
     try:
         values = DecodeConfig.parse(data)     # keys, types and ranges, each value on its own
