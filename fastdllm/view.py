@@ -36,7 +36,7 @@ class LiveCanvas:
     the latest commits coloured by confidence, a one-line summary of what is still masked."""
 
     def __init__(self, console: Console, tokenizer, header: str, gen_len: int, block_len: int,
-                 stops: tuple[int, ...], fps: float = 15.0):
+                 stops: tuple[int, ...], fps: float = 10.0):
         self.console, self.pieces, self.header = console, Pieces(tokenizer), header
         self.gen_len, self.block_len, self.stops = gen_len, block_len, set(stops)
         self.tokens: list[int | None] = [None] * gen_len

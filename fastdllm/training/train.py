@@ -198,7 +198,9 @@ def export(cfg: TrainConfig, model: LLaDAModelLM, state: dict, tok, ids: dict[st
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_llada_tokenizer(tok, out)
     gen_config = {"bos_token_id": ids[tokenizer.BOS], "eos_token_id": ids[tokenizer.EOS],
-                  "pad_token_id": ids[tokenizer.EOS], "mask_token_id": ids[tokenizer.MASK]}
+                  "pad_token_id": ids[tokenizer.EOS], "mask_token_id": ids[tokenizer.MASK],
+                  # fastdllm's model-defaults layer: the model was trained on rows of seq_len tokens
+                  "fastdllm": {"gen_len": cfg.seq_len // 2}}
     (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
     record = {k: v for k, v in state.items()}
     record["train_config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
