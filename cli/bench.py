@@ -1,0 +1,194 @@
+"""`fastdllm bench`: run decoding configurations over a prompt set and compare them with the baseline.
+Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or in a file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fastdllm.errors import UsageError
+
+from .common import MODEL_DEFAULTS, MODEL_FLAGS, err_console, is_terminal, resolve_model_dir, user_errors
+
+DEFAULT_N_PROMPTS = 4     # built-in sets; a --prompts file runs whole
+
+
+def _comma_list(text: str | None, name: str) -> tuple | None:
+    """'256,512' -> (256, 512), each value checked as the DecodeConfig field `name`."""
+    from fastdllm.config import DecodeConfig
+
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UsageError(f"--{name.replace('_', '-')}: give one value or a comma list")
+    return tuple(dict.fromkeys(DecodeConfig.parse({name: t})[name] for t in items))
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
+        raise UsageError(f"--batch-size: expected integers >= 1, got {text!r}")
+    return tuple(dict.fromkeys(int(t) for t in items))
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """Repeated flags and comma lists alike: ['a,b', 'c'] -> ['a', 'b', 'c']."""
+    if values is None:
+        return None
+    return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+def list_configs() -> None:
+    from fastdllm.bench import CONFIGS
+
+    width = max(map(len, CONFIGS))
+    for row in CONFIGS.values():
+        sys.stdout.write(f"{row.name:<{width}}  {row.doc}\n")
+
+
+@user_errors
+def bench(
+    configs: Annotated[Optional[list[str]], typer.Option("--configs", "-c", help="Rows to run, comma list (default: all; see --list).")] = None,
+    profile: Annotated[Optional[list[str]], typer.Option("--profile", "-P", help="Add a profile as a row (repeatable).")] = None,
+    gen_len: Annotated[str, typer.Option("--gen-len", "-n", help="Generation lengths, comma list.")] = "256",
+    block_len: Annotated[str, typer.Option("--block-len", help="Block lengths, comma list.")] = "32",
+    threshold: Annotated[Optional[str], typer.Option("--threshold", help="Thresholds for rows using the threshold rule, comma list.")] = None,
+    factor: Annotated[Optional[str], typer.Option("--factor", help="Factors for rows using the factor rule, comma list.")] = None,
+    batch_size: Annotated[str, typer.Option("--batch-size", "-b", help="Prompts decoded together, comma list.")] = "1",
+    prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Built-in prompts: code | math | chat (default: chat if the model has a chat template, else code).")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field, or one prompt per line.")] = None,
+    n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Timed runs of every row (mean and std of tokens/s).")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of the first batch per cache mode and shape.")] = 1,
+    output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Save a plot (PNG): throughput vs gen_len, speed vs agreement.")] = None,
+    list_rows: Annotated[bool, typer.Option("--list", help="List the configurations and exit.")] = False,
+    model: Annotated[Optional[str], MODEL_FLAGS["model"][1]] = None,
+    dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
+    device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
+    quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
+):
+    """Benchmark decoding configurations (cache modes x commit rules) on a prompt set: tokens/s,
+    NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality."""
+    if list_rows:
+        return list_configs()
+    from fastdllm import bench as runner, profiles, prompts
+    from fastdllm.bench_format import format_for, require_matplotlib
+
+    # everything a user can get wrong is checked before the model is loaded
+    fmt = format_for(output_format, output)
+    runner.check_counts(repetitions, warmup)
+    if plot is not None:
+        require_matplotlib()
+    sweep = runner.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
+                         batch_size=_batch_sizes(batch_size), threshold=_comma_list(threshold, "threshold"),
+                         factor=_comma_list(factor, "factor"))
+    rows = runner.pick_rows(_names(configs), [profiles.find(p) for p in _names(profile) or []])
+    if prompts_file is not None and prompt_set is not None:
+        raise UsageError("give --prompts FILE or --prompt-set NAME, not both")
+    chosen = prompts.from_file(prompts_file) if prompts_file else prompts.builtin(prompt_set) if prompt_set else None
+    n = n_prompts if n_prompts is not None or prompts_file else DEFAULT_N_PROMPTS
+    chosen = chosen and chosen.take(n)
+    model_dir = resolve_model_dir(model)
+    cases = runner.expand(rows, sweep, model_dir)
+    for rule in ("threshold", "factor"):
+        if getattr(sweep, rule) and not any(c.cfg.rule == rule for c in cases):
+            err_console.print(f"[yellow]note:[/] --{rule} is ignored: no selected row uses the {rule} rule")
+
+    lm = _load(model_dir, dtype, device, quantize)
+    if chosen is None:
+        chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
+
+    measured, interrupted = [], False
+    total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup)
+    err_console.print(f"bench: {len(cases)} rows x {len(chosen.prompts)} {chosen.name} prompts "
+                      f"({total} runs) on {lm.path.name}", style="dim")
+    try:
+        with RunProgress(total) as tick:
+            for m in runner.measure(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
+                                    on_run=tick):
+                measured.append(m)
+    except KeyboardInterrupt:
+        interrupted = True
+        err_console.print(f"[yellow]interrupted: keeping the {len(measured)} of {len(cases)} rows finished[/]")
+    records = runner.compare(measured)
+    if records:
+        _emit(records, fmt, output, plot)
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _load(model_dir, dtype, device, quantize):
+    from fastdllm import loading
+
+    given = {"dtype": dtype, "device": device, "quantize": quantize}
+    placement = {k: v or os.environ.get(f"FASTDLLM_{k.upper()}") or MODEL_DEFAULTS[k] for k, v in given.items()}
+    with err_console.status(f"loading {model_dir.name} ...") if err_console.is_terminal else nullcontext():
+        return loading.load(model_dir, **placement)
+
+
+class RunProgress:
+    """A rich progress bar with ETA on a terminal (stderr); elsewhere one line per finished row."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = (Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                             console=err_console, transient=True) if err_console.is_terminal else None)
+        self.total, self.done, self.last = total, 0, None
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+            self.task = self.bar.add_task("bench", total=self.total)
+        return self.tick
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+        return False
+
+    def tick(self, case, what: str) -> None:
+        from fastdllm.bench import rule_fields
+        from fastdllm.bench_format import rule_text
+
+        self.done += 1
+        c = case.cfg
+        label = f"{case.name} {rule_text(rule_fields(c))} · gen {c.gen_len} · block {c.block_len} · batch {case.batch_size}"
+        if self.bar:
+            self.bar.update(self.task, advance=1, description=f"{label} · {what}")
+        elif label != self.last:
+            err_console.print(f"[{self.done}/{self.total}] {label}", style="dim")
+            self.last = label
+
+
+def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None) -> None:
+    from fastdllm.bench_format import plot as draw, render, table
+    from fastdllm.errors import UserError
+
+    if output is not None:
+        try:
+            output.write_text(render(records, fmt))
+        except OSError as e:
+            raise UserError(f"cannot write {output}: {e}") from None
+        err_console.print(f"results written to {output} ({fmt})", style="dim")
+    if output is None and fmt != "table":
+        sys.stdout.write(render(records, fmt))
+    elif is_terminal(sys.stdout):
+        from rich.console import Console
+
+        Console(highlight=False).print(table(records))
+    else:
+        sys.stdout.write(render(records, "table"))
+    if plot is not None:
+        draw(records, plot)
+        err_console.print(f"plot written to {plot}", style="dim")

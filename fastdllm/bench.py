@@ -1,0 +1,283 @@
+"""Benchmark decoding configurations: expand a sweep into cases, run every case on one prompt set,
+return one flat, JSON-ready record per case, and compare each with the `baseline` row of its group
+(same gen_len, block_len and batch size). No terminal code: `bench_format` renders the records.
+
+Measurement: warm-up runs are not timed; the device is synchronised before and after each timed
+run (the engine also syncs at every step when it copies the step's decisions to the host); tokens
+are counted up to the end of each answer (Result.generated_tokens); every record carries the
+conditions it was measured under.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .config import DecodeConfig
+from .engine import Result, run
+from .errors import UsageError, UserError
+from .profiles import Profile, resolve
+from .prompts import PromptSet
+
+
+@dataclass(frozen=True)
+class Row:
+    """A named configuration: DecodeConfig values over the model defaults, or a whole profile."""
+    name: str
+    values: dict
+    doc: str = ""
+    profile: Profile | None = None
+
+
+ONE_PER_STEP = {"rule": "fixed", "steps": "none"}     # steps none = gen_len: one token per step
+PARALLEL = {"rule": "threshold", "threshold": 0.9}
+CONFIGS = {row.name: row for row in [
+    Row("baseline", {"cache": "none", **ONE_PER_STEP},
+        "no cache, one token per step (the LLaDA schedule): the reference for speedup and agreement"),
+    Row("parallel", {"cache": "none", **PARALLEL}, "no cache, commit every token with confidence >= 0.9"),
+    Row("prefix", {"cache": "prefix", **ONE_PER_STEP}, "PrefixCache, one token per step"),
+    Row("dual", {"cache": "dual", **ONE_PER_STEP}, "DualCache, one token per step"),
+    Row("prefix+parallel", {"cache": "prefix", **PARALLEL}, "PrefixCache + threshold 0.9"),
+    Row("dual+parallel", {"cache": "dual", **PARALLEL}, "DualCache + threshold 0.9 (the paper's setting)"),
+    Row("dual+factor", {"cache": "dual", "rule": "factor", "factor": 1.0},
+        "DualCache + factor rule: largest n with (n+1)(1-c_n) < 1"),
+]}
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Comma-list flags; every combination is run. Threshold values apply to rows using the
+    threshold rule and factor values to rows using the factor rule (None: the row's own value)."""
+    gen_len: tuple[int, ...] = (256,)
+    block_len: tuple[int, ...] = (32,)
+    batch_size: tuple[int, ...] = (1,)
+    threshold: tuple[float, ...] | None = None
+    factor: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    cfg: DecodeConfig
+    batch_size: int
+
+    @property
+    def group(self) -> tuple[int, int, int]:
+        """Cases of one group share a baseline."""
+        return self.cfg.gen_len, self.cfg.block_len, self.batch_size
+
+
+@dataclass
+class Measured:
+    record: dict
+    answers: list[list[int]] = field(default_factory=list)   # per prompt (first repetition)
+
+
+def pick_rows(names: list[str] | None, profiles: list[Profile] = ()) -> list[Row]:
+    """The built-in rows named (all when None) followed by one row per profile."""
+    for name in names or []:
+        if name not in CONFIGS:
+            raise UsageError(f"unknown configuration '{name}' (available: {', '.join(CONFIGS)})")
+    rows = [CONFIGS[n] for n in dict.fromkeys(names)] if names is not None else list(CONFIGS.values())
+    taken = {r.name for r in rows}
+    for p in profiles:
+        name = p.name if p.name not in taken else f"profile:{p.name}"
+        rows.append(Row(name, {}, p.description, p))
+        taken.add(name)
+    if not rows:
+        raise UsageError("no configurations to run")
+    return rows
+
+
+def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
+           environ: dict | None = None) -> list[Case]:
+    """Every (gen_len, block_len, batch size) group x every row (x threshold / factor values where the
+    row's rule uses them), groups in order, rows in order inside a group. Invalid combinations
+    raise before anything runs."""
+    cases = []
+    for gen_len, block_len, batch in itertools.product(sweep.gen_len, sweep.block_len, sweep.batch_size):
+        for row in rows:
+            flags = {**row.values, "gen_len": gen_len, "block_len": block_len}
+            try:
+                cfg = resolve(row.profile, flags, model_dir, environ)
+            except UsageError as e:
+                raise UsageError(f"{row.name} at gen_len {gen_len}, block_len {block_len}: "
+                                 f"{str(e).removeprefix('flags: ')}") from None
+            swept = {"threshold": sweep.threshold, "factor": sweep.factor}.get(cfg.rule)
+            for value in swept or [None]:
+                cases.append(Case(row.name, cfg if value is None else replace(cfg, **{cfg.rule: value}), batch))
+    return cases
+
+
+def count_runs(cases: list[Case], n_prompts: int, repetitions: int, warmup: int) -> int:
+    """How many engine runs `measure` makes (for a progress bar): warm-ups, then timed batches."""
+    warm = len({_warm_key(c) for c in cases}) * warmup
+    return warm + sum(-(-n_prompts // c.batch_size) for c in cases) * repetitions
+
+
+def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
+            repetitions: int = 1, warmup: int = 1,
+            on_run: Callable[[Case, str], None] | None = None) -> Iterator[Measured]:
+    """Run every case on every prompt; yield one Measured per case as it finishes (so that an
+    interrupted bench keeps its finished rows). Comparisons are added by `compare`."""
+    check_counts(repetitions, warmup)
+    prompts = [lm.encode(p, chat=chat) for p in prompt_set.prompts]
+    longest = max(len(p) for p in prompts) + max(c.cfg.gen_len for c in cases)
+    if longest > lm.context_length:
+        raise UserError(f"longest prompt + gen_len = {longest} tokens exceeds the model's context of "
+                        f"{lm.context_length}")
+    for c in cases:
+        if c.batch_size > len(prompts):
+            raise UsageError(f"--batch-size {c.batch_size} exceeds the {len(prompts)} prompts: "
+                             f"raise --n-prompts")
+    shared = conditions(lm, prompt_set, chat, repetitions, warmup)
+    warmed = set()
+    for case in cases:
+        batches = [prompts[i:i + case.batch_size] for i in range(0, len(prompts), case.batch_size)]
+        if _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
+            warmed.add(_warm_key(case))
+            for _ in range(warmup):
+                run(lm, batches[0], case.cfg)
+                if on_run:
+                    on_run(case, "warm-up")
+        reps = []
+        for r in range(repetitions):
+            reps.append([])
+            for batch in batches:
+                reps[-1].append(_timed_run(lm, batch, case.cfg))
+                if on_run:
+                    on_run(case, f"rep {r + 1}/{repetitions}")
+        yield summarise(case, reps, prompt_set, shared)
+
+
+def check_counts(repetitions: int, warmup: int) -> None:
+    if repetitions < 1:
+        raise UsageError(f"--repetitions {repetitions}: give at least 1")
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup}: give 0 or more")
+
+
+def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, shared: dict) -> Measured:
+    """One record from the Results of every repetition (each a list of per-batch Results)."""
+    first = reps[0]
+    speeds = [sum(r.generated_tokens for r in rep) / max(sum(r.seconds_total for r in rep), 1e-12)
+              for rep in reps]
+    texts = [t for r in first for t in r.texts]
+    cfg = case.cfg
+    record = {
+        "config": case.name, "cache": cfg.cache, **rule_fields(cfg),
+        "block_len": cfg.block_len, "batch_size": case.batch_size,
+        "tokens_per_second": round(statistics.mean(speeds), 3),
+        "tokens_per_second_std": round(statistics.stdev(speeds), 3) if len(speeds) > 1 else None,
+        "speedup": None,
+        "nfe": sum(r.nfe for r in first),                 # forwards for the whole prompt set
+        "tokens_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
+        "agreement_tokens": None, "agreement_answers": None,
+        "quality": _round(prompt_set.quality(texts)), "quality_metric": prompt_set.quality_metric,
+        "generated_tokens": sum(r.generated_tokens for r in first),
+        "seconds": round(statistics.mean(sum(r.seconds_total for r in rep) for rep in reps), 4),
+        "peak_memory_bytes": max(r.peak_memory_bytes for rep in reps for r in rep),
+        "peak_memory_kind": first[0].peak_memory_kind,
+        "cache_bytes": max(r.cache_bytes for r in first),
+        **{k: getattr(cfg, k) for k in ("confidence", "temperature", "seed", "refresh_every", "early_stop")},
+        **shared,
+    }
+    return Measured(record, [ids for r in first for ids in r.ids])
+
+
+def rule_fields(cfg: DecodeConfig) -> dict:
+    """The rule and its one parameter (the others are None); gen_len to read `steps` against."""
+    return {"rule": cfg.rule, "threshold": cfg.threshold if cfg.rule == "threshold" else None,
+            "factor": cfg.factor if cfg.rule == "factor" else None,
+            "steps": cfg.total_steps if cfg.rule == "fixed" else None, "gen_len": cfg.gen_len}
+
+
+def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int, warmup: int) -> dict:
+    """What every record of one bench shares: model, placement, software, prompts, repetitions."""
+    import torch
+    import transformers
+
+    info = lm.info
+    return {"prompt_set": prompt_set.name, "n_prompts": len(prompt_set.prompts),
+            "chat_template": lm.has_chat_template if chat is None else chat,
+            "repetitions": repetitions, "warmup": warmup,
+            "model": info.get("path"), "model_name": Path(str(info.get("path"))).name,
+            "family": info.get("family"), "device": info.get("device"), "dtype": info.get("dtype"),
+            "quantize": info.get("quantize"), "torch": torch.__version__,
+            "transformers": transformers.__version__, "fastdllm": _version(), "python": sys.version.split()[0]}
+
+
+def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+    """(share of identical tokens over the positions either answer generated, share of identical
+    answers). Two empty answers agree."""
+    same = sum(x == y for a, b in zip(answers, reference) for x, y in zip(a, b))
+    positions = sum(max(len(a), len(b)) for a, b in zip(answers, reference))
+    exact = sum(a == b for a, b in zip(answers, reference)) / max(len(reference), 1)
+    return (same / positions if positions else 1.0), exact
+
+
+def compare(measured: list[Measured]) -> list[dict]:
+    """Fill speedup (tokens/s ratio) and agreement against the baseline of each record's group;
+    left None where the group has no baseline row. Returns the records."""
+    def group(m):
+        return m.record["gen_len"], m.record["block_len"], m.record["batch_size"]
+
+    baselines = {group(m): m for m in measured if m.record["config"] == BASELINE}
+    for m in measured:
+        base = baselines.get(group(m))
+        if base is None:
+            continue
+        speed = base.record["tokens_per_second"]
+        m.record["speedup"] = round(m.record["tokens_per_second"] / speed, 3) if speed else None
+        tokens, answers = agreement(m.answers, base.answers)
+        m.record["agreement_tokens"], m.record["agreement_answers"] = round(tokens, 4), round(answers, 4)
+    return [m.record for m in measured]
+
+
+def _timed_run(lm, batch: list[list[int]], cfg: DecodeConfig) -> Result:
+    _sync(lm.device)                 # nothing queued before the clock starts
+    _reset_peak_rss(lm.device)
+    result = run(lm, batch, cfg)
+    _sync(lm.device)
+    return result
+
+
+def _warm_key(case: Case) -> tuple:
+    """Warm-up depends on the code path and shapes, not on the commit rule."""
+    return case.cfg.cache, case.cfg.gen_len, case.cfg.block_len, case.batch_size
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak_rss(device) -> None:
+    """On CPU the engine reports the process's peak RSS; Linux lets us restart that peak so each
+    record gets its own (elsewhere it stays the peak so far)."""
+    if device.type != "cpu":
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("fastdllm")
+    except metadata.PackageNotFoundError:
+        return "unknown"
