@@ -7,6 +7,8 @@ from typing import Annotated
 import typer
 
 from . import common
+from .bench import bench
+from .chat import chat
 from .generate import generate
 from .info import info
 from .profiles_cmd import app as profiles_app
@@ -23,6 +25,8 @@ def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Pytho
 
 
 app.command()(generate)
+app.command()(bench)
+app.command()(chat)
 app.command()(info)
 app.add_typer(profiles_app, name="profiles")
 

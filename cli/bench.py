@@ -61,6 +61,7 @@ def bench(
     threshold: Annotated[Optional[str], typer.Option("--threshold", help="Thresholds for rows using the threshold rule, comma list.")] = None,
     factor: Annotated[Optional[str], typer.Option("--factor", help="Factors for rows using the factor rule, comma list.")] = None,
     batch_size: Annotated[str, typer.Option("--batch-size", "-b", help="Prompts decoded together, comma list.")] = "1",
+    early_stop: Annotated[Optional[bool], typer.Option("--early-stop/--no-early-stop", help="Stop after the answer ends (default: on). Off decodes the whole canvas, as the paper's measurements do.")] = None,
     prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Built-in prompts: code | math | chat (default: chat if the model has a chat template, else code).")] = None,
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field, or one prompt per line.")] = None,
     n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
@@ -90,7 +91,7 @@ def bench(
         require_matplotlib()
     sweep = runner.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
                          batch_size=_batch_sizes(batch_size), threshold=_comma_list(threshold, "threshold"),
-                         factor=_comma_list(factor, "factor"))
+                         factor=_comma_list(factor, "factor"), early_stop=early_stop)
     rows = runner.pick_rows(_names(configs), [profiles.find(p) for p in _names(profile) or []])
     if prompts_file is not None and prompt_set is not None:
         raise UsageError("give --prompts FILE or --prompt-set NAME, not both")

@@ -46,7 +46,7 @@ def generate(
     *, opts: RunOptions,
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking."""
-    from fastdllm.engine import Result, generate as run_engine
+    from fastdllm.engine import run
     from fastdllm.view import BlockStreamer, LiveCanvas, stats_block, stats_line
 
     text = read_prompt(prompt, file)
@@ -57,15 +57,9 @@ def generate(
     view = (LiveCanvas(err_console, lm.tokenizer, header, cfg.gen_len, cfg.block_len, lm.specials.stops)
             if live else None)
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)
-    result = None
+    sink = view or streamer                        # None with --json: only the result is printed
     with view or nullcontext():
-        for event in run_engine(lm, [ids], cfg):
-            if isinstance(event, Result):
-                result = event
-            elif view:
-                view.update(event)
-            elif streamer:
-                streamer.update(event)
+        result = run(lm, [ids], cfg, on_event=sink.update if sink else None)
     if json_out:
         record = dict(result.to_dict(), profile=profile.name, model=lm.info)
         sys.stdout.write(json.dumps(record) + "\n")

@@ -59,6 +59,7 @@ class Sweep:
     batch_size: tuple[int, ...] = (1,)
     threshold: tuple[float, ...] | None = None
     factor: tuple[float, ...] | None = None
+    early_stop: bool | None = None       # None: the usual layers decide (on by default)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
     cases = []
     for gen_len, block_len, batch in itertools.product(sweep.gen_len, sweep.block_len, sweep.batch_size):
         for row in rows:
-            flags = {**row.values, "gen_len": gen_len, "block_len": block_len}
+            flags = {**row.values, "gen_len": gen_len, "block_len": block_len, "early_stop": sweep.early_stop}
             try:
                 cfg = resolve(row.profile, flags, model_dir, environ)
             except UsageError as e:

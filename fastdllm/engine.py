@@ -20,7 +20,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 import torch
 
@@ -161,11 +161,14 @@ def generate(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> It
         peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=cache.nbytes, config=cfg, batch=B)
 
 
-def run(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> Result:
-    """Drain `generate` and return its Result."""
+def run(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig,
+        on_event: Callable[[StepEvent | BlockEvent], None] | None = None) -> Result:
+    """Drain `generate`, passing step and block events to `on_event`; return the Result."""
     for event in generate(lm, prompts, cfg):
         if isinstance(event, Result):
             return event
+        if on_event is not None:
+            on_event(event)
     raise RuntimeError("generate ended without a result")
 
 

@@ -1,0 +1,130 @@
+"""`fastdllm chat`: a multi-turn REPL. The session state and the slash commands are pure functions in
+fastdllm/chat.py; this file reads input, prints, and makes the one model call (`answer`)."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from typing import Annotated, Optional
+
+import typer
+
+from fastdllm.errors import UserError
+
+from .common import RunOptions, err_console, generation_options, is_terminal, prepare, user_errors
+from .generate import describe_rule
+
+PROMPT, MORE = ">>> ", "... "
+
+
+def say(text: str, style: str | None = None) -> None:
+    """Everything but the answers goes to stderr; soft_wrap keeps a one-line message on one line."""
+    err_console.print(text, style=style, markup=False, soft_wrap=True)
+
+
+@user_errors
+@generation_options
+def chat(
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the conversation.")] = None,
+    *, opts: RunOptions,
+):
+    """Chat with a model, turn by turn (/? lists the commands; piped lines are messages, for scripts)."""
+    from fastdllm.chat import Session, is_command, read_message
+
+    lm, profile, cfg = prepare(opts)
+    session = Session(cfg, profile, flags={k: v for k, v in opts.decode.items() if v is not None},
+                      model_dir=lm.path, system=system, model_info=lm.info)
+    interactive = is_terminal(sys.stdin)
+    live = interactive and is_terminal(sys.stdout) and err_console.is_terminal
+    if interactive:
+        say(f"{lm.path.name} · profile {profile.name} · {lm.info['device']} {lm.info['dtype']} · "
+            f"{describe_rule(cfg)}\nType a message; /? for help, /bye or Ctrl+D to exit.", "bold")
+    if not lm.has_chat_template:
+        say(f"note: {lm.path.name} has no chat template; using a plain 'User: / Assistant:' transcript", "yellow")
+    read = terminal_reader() if interactive else pipe_reader
+
+    while True:
+        try:
+            line = read(PROMPT)
+            command = is_command(line)                     # a """ block starting with / is a message
+            text = line if command else read_message(line, lambda: read(MORE))
+        except EOFError:                                   # Ctrl+D or end of piped input
+            if interactive:
+                say("")
+            return
+        except KeyboardInterrupt:                          # at the prompt: the session goes on
+            say("\nUse /bye or Ctrl+D to exit", "yellow")
+            continue
+        try:
+            if text.strip() and not handle(lm, session, text, command, live):
+                return
+        except UserError as e:                             # one line; nothing in the session changed
+            say(str(e), "red")
+        except KeyboardInterrupt:                          # during an answer: drop it, keep the session
+            say("stopped: answer discarded, conversation unchanged", "yellow")
+
+
+def handle(lm, session, text: str, command: bool, live: bool) -> bool:
+    """One input, a message or a slash command; False when the session ends."""
+    from fastdllm.chat import regen_target, run_command
+
+    if not command:
+        answer(lm, session, session.messages, text, session.cfg, live)
+        return True
+    reply = run_command(session, text)
+    if reply.text:
+        say(reply.text)
+    if reply.action == "regen":
+        history, message = regen_target(session.messages)
+        answer(lm, session, history, message, session.regen_config(), live)
+    return reply.action != "exit"
+
+
+def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> None:
+    """Decode an answer to `message` after `history`; print it; record the turn in `session`."""
+    from fastdllm.chat import cut_plain_answer, fit_history, plain_transcript
+    from fastdllm.engine import run
+    from fastdllm.view import LiveCanvas, stats_line
+
+    if lm.has_chat_template:
+        encode = lambda h: lm.encode(message, chat=True, system=session.system, history=h)   # noqa: E731
+    else:
+        encode = lambda h: lm.encode(plain_transcript(session.system, h, message), chat=False)   # noqa: E731
+    ids, history, dropped = fit_history(history, encode, cfg.gen_len, lm.context_length)
+    if dropped:
+        say(f"(dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the context of "
+            f"{lm.context_length} tokens)", "yellow")
+    header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe_rule(cfg)}"
+    view = LiveCanvas(err_console, lm.tokenizer, header, cfg.gen_len, cfg.block_len, lm.specials.stops) if live else None
+    with view or nullcontext():
+        result = run(lm, [ids], cfg, on_event=view.update if view else None)
+    text = result.texts[0] if lm.has_chat_template else cut_plain_answer(result.texts[0])
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    say(stats_line(result), "dim")
+    session.record(history, message, text, result)
+
+
+def pipe_reader(prompt: str) -> str:
+    """Lines from a pipe or file: no prompt, no line editing."""
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\r\n")
+
+
+def terminal_reader():
+    try:
+        # stdlib readline gives input() line editing and arrow-key history with no new dependency
+        # (prompt_toolkit would be one); imported only for a terminal, as it may write escape codes.
+        import readline  # noqa: F401
+    except ImportError:                                    # not built on every platform; input() still works
+        pass
+    if is_terminal(sys.stdout):
+        return input
+
+    def read(prompt: str) -> str:                          # stdout is a pipe: keep the prompt off it
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        return input()
+    return read
