@@ -168,7 +168,6 @@ def test_plot_without_matplotlib_is_a_one_line_error(records, tmp_path, monkeypa
 
 
 def test_plot_writes_a_png(records, tmp_path):
-    pytest.importorskip("matplotlib")
     bench_format.plot(records + [record("baseline", 6.0, gen_len=64)], tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
