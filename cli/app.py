@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -21,7 +22,7 @@ app = typer.Typer(
 
 @app.callback()
 def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks.")] = False):
-    common.DEBUG["on"] = common.DEBUG["on"] or debug
+    common.DEBUG["on"] = debug or bool(os.environ.get("FASTDLLM_DEBUG"))
 
 
 app.command()(generate)

@@ -3,9 +3,7 @@ Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or i
 
 from __future__ import annotations
 
-import os
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,7 +11,7 @@ import typer
 
 from fastdllm.errors import UsageError
 
-from .common import MODEL_DEFAULTS, MODEL_FLAGS, err_console, is_terminal, resolve_model_dir, user_errors
+from .common import MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, resolve_model_dir, user_errors
 
 DEFAULT_N_PROMPTS = 4     # built-in sets; a --prompts file runs whole
 
@@ -104,7 +102,7 @@ def bench(
         if getattr(sweep, rule) and not any(c.cfg.rule == rule for c in cases):
             err_console.print(f"[yellow]note:[/] --{rule} is ignored: no selected row uses the {rule} rule")
 
-    lm = _load(model_dir, dtype, device, quantize)
+    lm = load_model(model_dir, **model_placement(dtype=dtype, device=device, quantize=quantize))
     if chosen is None:
         chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
 
@@ -125,15 +123,6 @@ def bench(
         _emit(records, fmt, output, plot)
     if interrupted:
         raise typer.Exit(130)
-
-
-def _load(model_dir, dtype, device, quantize):
-    from fastdllm import loading
-
-    given = {"dtype": dtype, "device": device, "quantize": quantize}
-    placement = {k: v or os.environ.get(f"FASTDLLM_{k.upper()}") or MODEL_DEFAULTS[k] for k, v in given.items()}
-    with err_console.status(f"loading {model_dir.name} ...") if err_console.is_terminal else nullcontext():
-        return loading.load(model_dir, **placement)
 
 
 class RunProgress:

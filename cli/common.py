@@ -8,6 +8,7 @@ import inspect
 import os
 import sys
 import typing
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -67,14 +68,21 @@ def generation_options(func):
     @functools.wraps(func)
     def wrapper(**kwargs):
         values = {name: kwargs.pop(name) for name in flags}
-        model = {k: values[k] or os.environ.get(f"FASTDLLM_{k.upper()}") or MODEL_DEFAULTS.get(k) for k in MODEL_FLAGS}
-        opts = RunOptions(**model, decode={k: values[k] for k in DECODE_FLAGS})
+        opts = RunOptions(model=values["model"] or os.environ.get("FASTDLLM_MODEL"),
+                          profile=values["profile"] or os.environ.get("FASTDLLM_PROFILE"),
+                          **model_placement(**{k: values[k] for k in MODEL_DEFAULTS}),
+                          decode={k: values[k] for k in DECODE_FLAGS})
         return func(opts=opts, **kwargs)
 
     params = own + extra
     wrapper.__signature__ = inspect.Signature(params)
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper
+
+
+def model_placement(**given: str | None) -> dict[str, str]:
+    """dtype / device / quantize: the flag, else FASTDLLM_DTYPE etc., else the default."""
+    return {k: given.get(k) or os.environ.get(f"FASTDLLM_{k.upper()}") or default for k, default in MODEL_DEFAULTS.items()}
 
 
 def user_errors(func):
@@ -122,24 +130,26 @@ def _download(repo_id: str) -> Path:
                         f"download it elsewhere and pass its local directory with --model DIR") from None
 
 
-def prepare(opts: RunOptions, *, status: bool = True):
+def load_model(model_dir: Path, **placement: str):
+    """Load with a spinner on a terminal (stderr)."""
+    from fastdllm import loading
+
+    spinner = err_console.status(f"loading {model_dir.name} ...") if err_console.is_terminal else nullcontext()
+    with spinner:
+        return loading.load(model_dir, **placement)
+
+
+def prepare(opts: RunOptions):
     """Resolve model dir, profile and config (before any weights are read), then load the model."""
-    from fastdllm import loading, profiles
+    from fastdllm import profiles
 
     model_dir = resolve_model_dir(opts.model)
     profile = profiles.find(opts.profile or "default")
     cfg = profiles.resolve(profile, opts.decode, model_dir)
-    if status and err_console.is_terminal:
-        with err_console.status(f"loading {model_dir.name} ..."):
-            lm = loading.load(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
-    else:
-        lm = loading.load(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    lm = load_model(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
     return lm, profile, cfg
 
 
 def is_terminal(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
-
-def stdin_is_piped() -> bool:
-    return not is_terminal(sys.stdin)

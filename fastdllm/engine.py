@@ -125,7 +125,6 @@ def generate(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> It
 
     nfe = committed = blocks_done = 0
     first_step = None
-    ended = torch.zeros(B, dtype=torch.bool)
     for block in range(cfg.num_blocks):
         s, e = P + block * cfg.block_len, P + (block + 1) * cfg.block_len
         schedule = fixed_schedule((host[:, s:e] == specials.mask).sum(1), cfg.steps_per_block)
