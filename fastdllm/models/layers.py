@@ -24,22 +24,21 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.to(_at_least_fp32(x.dtype))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = F.rms_norm(x.to(_at_least_fp32(x.dtype)), (x.shape[-1],), eps=self.eps)   # x * rsqrt(mean(x^2) + eps)
         return self.weight * h.to(x.dtype)
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """positions (B, S) -> cos, sin (B, 1, S, head_dim) in fp32 (fp64 for fp64 models)."""
+    """positions (B, S) -> cos, sin (B, S, 1, head_dim) in fp32 (fp64 for fp64 models)."""
     dt = _at_least_fp32(dtype)
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=dt) / head_dim)
     angles = positions.to(dt)[..., None] * inv_freq            # (B, S, D/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]       # (B, 1, S, D) rotate-half layout
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None]    # (B, S, 1, D) rotate-half layout
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, S, D); rotation computed at the tables' precision, then cast back."""
+    """x (B, S, H, D); rotation computed at the tables' precision, then cast back."""
     xf = x.to(cos.dtype)
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
@@ -107,10 +106,9 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
     when given (the last layer: only positions whose logits are wanted need an output)."""
     B, S, _ = x.shape
     q, k, v = project(x, q_proj, k_proj, v_proj)
-    q = q.reshape(B, S, n_heads, head_dim).transpose(1, 2)            # (B, H, S, D)
-    k = k.reshape(B, S, n_kv_heads, head_dim).transpose(1, 2)         # (B, H_kv, S, D)
+    qk = apply_rotary(torch.cat([q, k], -1).view(B, S, n_heads + n_kv_heads, head_dim), cos, sin)  # one rotation
+    q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)   # (B, H, S, D), (B, H_kv, S, D)
     v = v.reshape(B, S, n_kv_heads, head_dim).transpose(1, 2)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     keys, values = cache.store(layer, start, k, v)                    # (B, H_kv, T, D)
     if rows is not None:
         q = q.gather(2, rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
