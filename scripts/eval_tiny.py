@@ -6,7 +6,7 @@
 
 Prompts are function headers plus the first body line from the held-out modules. The fast
 setting is the `code` profile with threshold 0.9; the baseline is the `baseline` profile (no cache,
-one token per step). Both use the model's default gen_len and early stop.
+one token per step) with the same block length. Both use the model's default gen_len and early stop.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def evaluate(model_dir: Path, n: int) -> dict:
     lm = loading.load(model_dir)
     end = lm.specials.stops[0]
     fast_cfg = profiles.resolve(profiles.find("code"), {"threshold": 0.9}, model_dir)
-    base_cfg = profiles.resolve(profiles.find("baseline"), {}, model_dir)
+    # the baseline differs from the fast setting only in cache and commit rule (same blocks)
+    base_cfg = profiles.resolve(profiles.find("baseline"), {"block_len": fast_cfg.block_len}, model_dir)
     prompts = heldout_prompts(n)
     stats = {"fast": {"nfe": 0, "committed": 0, "parse": 0, "seconds": 0.0, "tokens": 0},
              "baseline": {"nfe": 0, "committed": 0, "parse": 0, "seconds": 0.0, "tokens": 0}}
@@ -154,9 +155,10 @@ Trained on rows of {tc['seq_len']} tokens; default generation length {tc['seq_le
   tests excluded: {len(train_files)} files. Held out for evaluation (whole modules): {', '.join(p.stem for p in held)}.
 - Tokenizer: byte-level BPE trained on the training files with the `tokenizers` library,
   {tc['vocab_size']} tokens including LLaDA's special tokens (`<|startoftext|>`, `<|endoftext|>`, `<|mdm_mask|>`, ...).
-- Rows: half windows of the token stream (every token may be masked), half function completions
-  (the signature is the prompt and is never masked; the body is followed by `<|endoftext|>` padding
-  to the row end, as LLaDA's SFT pads answers, so that early stop can end generation).
+- Rows: windows of the token stream (every token may be masked) and function completions (the
+  signature is the prompt and is never masked; the body is followed by `<|endoftext|>` padding to
+  the row end, as LLaDA's SFT pads answers, so that early stop can end generation); the last run
+  used {100 * tc['sft_fraction']:.0f}% completions.
 
 ## Training
 
@@ -164,11 +166,12 @@ Masked-diffusion objective (t ~ U(0, 1], each answer token masked with probabili
 cross-entropy on masked positions weighted by 1/t), AdamW (lr {tc['lr']}, cosine to {tc['min_lr_fraction']}x, warm-up
 {tc['warmup_steps']} steps, weight decay {tc['weight_decay']}), batch {tc['batch_size']} x {tc['seq_len']} tokens, bf16 autocast on CPU, seed {tc['seed']}.
 
-    python scripts/train_tiny.py --total-steps {tc['total_steps']} --warmup-steps {tc['warmup_steps']} --max-minutes 170 [--resume]
+{chr(10).join(f"    python scripts/train_tiny.py {c}" for c in state.get("commands", []))}
 
 - Steps: {state['step']:,} ({state['tokens']:,} tokens), in {state['runs']} run(s), total wall time
   {state['wall_seconds'] / 3600:.2f} h on {cpu_name()} ({tc.get('threads') or 2} threads, shared with other work).
-- Final training loss {state.get('final_train_loss') or float('nan'):.3f}; held-out loss {f['heldout_loss']:.3f} (fixed held-out windows, t from 0.05 to 1).
+- Held-out loss of this checkpoint {f['heldout_loss']:.3f} (fixed held-out windows, t from 0.05 to 1; the
+  training loss is lower, partly because the completion rows' EOS padding is easy).
 - Held-out loss during training: {', '.join(f"step {h['step']}: {h['heldout_loss']:.3f}" for h in history[-6:])}.
 
 ## Decoding figures
@@ -178,7 +181,7 @@ cross-entropy on masked positions weighted by 1/t), AdamW (lr {tc['lr']}, cosine
 
 | setting | tokens per forward | NFE | parses as Python | tokens/s |
 |---|---|---|---|---|
-| baseline (no cache, one token per step) | {f['tokens_per_forward_baseline']:.2f} | {f['nfe_baseline']} | {100 * f['parse_share_baseline']:.0f}% | {f['tokens_per_second_baseline']:.1f} |
+| baseline (no cache, one token per step, block {f['baseline_setting']['block_len']}) | {f['tokens_per_forward_baseline']:.2f} | {f['nfe_baseline']} | {100 * f['parse_share_baseline']:.0f}% | {f['tokens_per_second_baseline']:.1f} |
 | code profile, threshold 0.9 (DualCache, block {f['fast_setting']['block_len']}) | {f['tokens_per_forward_fast']:.2f} | {f['nfe_fast']} | {100 * f['parse_share_fast']:.0f}% | {f['tokens_per_second_fast']:.1f} |
 
 Token agreement of the fast setting with the baseline: {100 * f['token_agreement']:.1f}% of answer positions;

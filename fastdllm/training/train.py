@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,6 +132,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         gen.manual_seed(cfg.seed + state["step"])
         log(f"resumed weights (optimiser reset) from {cfg.out} at step {state['step']}")
     state["runs"] += 1
+    state.setdefault("commands", []).append(" ".join(sys.argv[1:]) or "(train() called from Python)")
 
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))

@@ -1,0 +1,57 @@
+"""The built-in tiny code model, as installed: found without a path, loaded through the normal LLaDA
+path, deterministic, and the default model of `fastdllm generate`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fastdllm import loading
+from fastdllm.builtin import builtin_model_path
+from fastdllm.cli.app import app
+from fastdllm.config import DecodeConfig
+from fastdllm.engine import run
+
+PROMPT = "def fibonacci(n):\n"
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    path = builtin_model_path()
+    assert path is not None, "the built-in model is not installed with the package"
+    return loading.load(path)
+
+
+def test_shipped_in_llada_format(builtin):
+    path = builtin.path
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "llada" and config["architectures"] == ["LLaDAModelLM"]
+    assert type(builtin.model).__name__ == "LLaDAModelLM"
+    assert sum(f.stat().st_size for f in path.iterdir()) < 25 * 2**20
+    assert (path / "README.md").is_file()                                # the model card
+    assert builtin.specials.mask == builtin.tokenizer.convert_tokens_to_ids("<|mdm_mask|>")
+    assert not builtin.has_chat_template
+
+
+def test_greedy_generation_is_deterministic(builtin):
+    cfg = DecodeConfig(gen_len=64, block_len=32, cache="dual", threshold=0.9)
+    ids = builtin.encode(PROMPT, chat=False)
+    first, second = run(builtin, [ids], cfg), run(builtin, [ids], cfg)
+    assert first.canvas.tolist() == second.canvas.tolist()
+    assert first.ids[0][:len(EXPECTED_START)] == EXPECTED_START
+
+
+def test_generate_uses_it_by_default_with_its_model_defaults():
+    r = CliRunner().invoke(app, ["generate", "--json", "-P", "code", PROMPT], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["model"]["path"] == str(builtin_model_path())
+    assert record["config"]["gen_len"] == 128            # the model-defaults layer (generation_config.json)
+    assert record["config"]["block_len"] == 64 and record["nfe"] >= 1
+
+
+# The first tokens of the greedy answer to PROMPT (gen_len 64, block 32, DualCache, threshold 0.9),
+# recorded from the shipped checkpoint; they change only when the checkpoint or the decoding does.
+EXPECTED_START: list[int] = [264, 388, 719, 1418, 815, 300, 968, 391]
