@@ -10,7 +10,8 @@ Per step the span to recompute is the cache mode's choice:
     prefix   [0, T)                                                   [block_start, T)
     dual     [0, T)                                                   [block_start, block_end)
 
-Logits are asked for only at the block's still-masked positions. The engine keeps a host copy of
+Logits are asked for only at the block's still-masked positions (on a GPU, where CUDA graphs
+need static shapes, at every position of the block; see graphs.py). The engine keeps a host copy of
 the canvas, so the candidates are known without asking the device; each step does exactly one
 device-to-host transfer (the step's tokens, confidences and decisions).
 """
@@ -27,6 +28,7 @@ import torch
 from .config import DecodeConfig
 from .decoding import fixed_schedule, predict, select
 from .errors import UserError
+from .graphs import SpanForward
 from .loading import LoadedModel
 
 
@@ -119,6 +121,7 @@ def generate(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> It
         valid[row, :P - len(ids)] = False
     canvas = host.to(device)
     cache = model.new_cache(valid.to(device), keep_kv=cfg.cache != "none")
+    forward = SpanForward.for_model(lm, canvas, cache)
     banned = torch.tensor([specials.mask], device=device)
     stops = torch.tensor(specials.stops)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -134,7 +137,7 @@ def generate(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> It
             scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
             with torch.inference_mode():
                 positions, tokens, conf, chosen = _decode_step(
-                    model, canvas, cache, span, block_masked, s, scheduled, cfg, banned, generator)
+                    forward, span, block_masked, s, scheduled, cfg, banned, generator)
             host.scatter_(1, positions, torch.where(chosen, tokens, host.gather(1, positions)))
             nfe += 1
             committed += int(chosen.sum())
@@ -171,17 +174,18 @@ def run(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig,
     raise RuntimeError("generate ended without a result")
 
 
-def _decode_step(model, canvas, cache, span, block_masked, s, scheduled, cfg, banned, generator):
+def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator):
     """One forward and one decision. block_masked (B, L) is the host mask of the active block."""
+    canvas = forward.canvas
     device = canvas.device
-    K = int(block_masked.sum(1).max())
+    K = block_masked.shape[1] if forward.full_block else int(block_masked.sum(1).max())
     # Candidate slots: each row's masked positions first, then committed ones as filler, so the
     # K indices of a row are distinct and the scatter below is deterministic.
     order = torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :K]     # (B, K)
     candidate = block_masked.gather(1, order)
     positions = order + s
     pos_dev = positions.to(device, non_blocking=True)
-    logits = model.forward_span(canvas, span[0], span[1], cache, pos_dev).to(device)  # (B, K, V)
+    logits = forward(span, pos_dev).to(device)                                      # (B, K, V)
     tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
                            banned=banned, generator=generator)
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device))
