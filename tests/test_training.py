@@ -4,6 +4,7 @@ resume. (Training itself is not run in CI.)"""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -85,3 +86,21 @@ def test_script_runs_a_few_steps(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "saved at step 2" in done.stdout
+
+
+def test_continuations_move_first_body_lines_into_the_prompt():
+    header, body = "def f(x):\n", "    y = x\n    z = y\n    return z\n"
+    ks = set()
+    for seed in range(20):
+        prompt, answer = data.continuation(header, body, random.Random(seed))
+        assert prompt + answer == header + body and prompt.startswith(header)
+        ks.add(prompt.count("\n") - 1)
+    assert ks == {1, 2}                                   # 1..min(3, lines - 1) body lines moved
+    assert data.continuation(header, "    return x\n", random.Random(0)) is None
+    plain, continued = ([1, 2], [3, 4, 5]), ([1, 2, 3], [4, 5])
+    for fraction, prompt_len in ((0.0, 2), (1.0, 3)):
+        ex = data.Examples(torch.arange(100), [plain], 8, eos=0, sft_fraction=1.0,
+                           continuations=[continued], continuation_fraction=fraction)
+        tokens, prompts = ex.batch(4, torch.Generator().manual_seed(0))
+        assert prompts.tolist() == [prompt_len] * 4
+        assert tokens[0].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]

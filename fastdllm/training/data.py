@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import sysconfig
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,16 +50,29 @@ def functions(source: str) -> list[tuple[str, str]]:
     return found
 
 
+def continuation(header: str, body: str, rng) -> tuple[str, str] | None:
+    """The same function with its first 1-3 body lines moved into the prompt (how the model is
+    used: complete a function from inside its body); None for one-line bodies."""
+    lines = body.splitlines(keepends=True)
+    if len(lines) < 2:
+        return None
+    k = rng.randint(1, min(3, len(lines) - 1))
+    return header + "".join(lines[:k]), "".join(lines[k:])
+
+
 @dataclass
 class Examples:
     """Two kinds of rows, mixed: windows of the token stream (pretraining: every token may be
     masked) and function completions (SFT: the header is the prompt, never masked; the body is
-    followed by EOS padding to the row end, as LLaDA's SFT pads answers)."""
+    followed by EOS padding to the row end, as LLaDA's SFT pads answers). A completion's prompt is
+    the signature, or with probability continuation_fraction the signature and first body lines."""
     stream: torch.Tensor                      # (N,) all training tokens, documents joined by EOS
     functions: list[tuple[list[int], list[int]]]
     seq_len: int
     eos: int
     sft_fraction: float = 0.5
+    continuations: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    continuation_fraction: float = 0.0
 
     def batch(self, size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens (B, L), prompt_len (B,))."""
@@ -67,7 +80,11 @@ class Examples:
         kinds = torch.rand(size, generator=gen) < self.sft_fraction
         for is_sft in kinds.tolist():
             if is_sft and self.functions:
-                header, body = self.functions[int(torch.randint(len(self.functions), (1,), generator=gen))]
+                pool = self.functions
+                if self.continuation_fraction and self.continuations \
+                        and float(torch.rand(1, generator=gen)) < self.continuation_fraction:
+                    pool = self.continuations            # (drawn only when used: older runs replay exactly)
+                header, body = pool[int(torch.randint(len(pool), (1,), generator=gen))]
                 header = header[: self.seq_len // 2]
                 body = body[: self.seq_len - len(header) - 1]
                 pad = self.seq_len - len(header) - len(body)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import signal
 import sys
 import time
@@ -40,11 +41,17 @@ class TrainConfig:
     total_steps: int = 20000
     weight_decay: float = 0.1
     sft_fraction: float = 0.5
+    continuation_fraction: float = 0.0  # completions whose prompt also holds the first body lines
     seed: int = 0
     save_every_minutes: float = 10.0
     max_minutes: float | None = None   # stop (and save) after this much wall time in this run
     eval_every: int = 500
     threads: int | None = None
+
+
+def _encode_pairs(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    heads, bodies = tok.encode_batch([h for h, _ in pairs]), tok.encode_batch([b for _, b in pairs])
+    return [(h.ids, b.ids) for h, b in zip(heads, bodies)]
 
 
 def prepare(cfg: TrainConfig, log=print):
@@ -63,8 +70,10 @@ def prepare(cfg: TrainConfig, log=print):
     for enc in tok.encode_batch(texts):
         stream.extend(enc.ids + [eos])
     funcs = [f for text in texts for f in data.functions(text)]
-    pairs = list(zip(tok.encode_batch([h for h, _ in funcs]), tok.encode_batch([b for _, b in funcs])))
-    examples = data.Examples(torch.tensor(stream), [(h.ids, b.ids) for h, b in pairs], cfg.seq_len, eos, cfg.sft_fraction)
+    rng = random.Random(cfg.seed)
+    continued = [c for h, b in funcs if (c := data.continuation(h, b, rng))] if cfg.continuation_fraction else []
+    examples = data.Examples(torch.tensor(stream), _encode_pairs(tok, funcs), cfg.seq_len, eos, cfg.sft_fraction,
+                             _encode_pairs(tok, continued), cfg.continuation_fraction)
     held_stream = []
     for enc in tok.encode_batch([data.read(p) for p in held_files]):
         held_stream.extend(enc.ids + [eos])
