@@ -177,8 +177,9 @@ Trained on rows of {tc['seq_len']} tokens; default generation length {tc['seq_le
   {tc['vocab_size']} tokens including LLaDA's special tokens (`<|startoftext|>`, `<|endoftext|>`, `<|mdm_mask|>`, ...).
 - Rows: windows of the token stream (every token may be masked) and function completions (the
   signature is the prompt and is never masked; the body is followed by `<|endoftext|>` padding to
-  the row end, as LLaDA's SFT pads answers, so that early stop can end generation); the last run
-  used {100 * tc['sft_fraction']:.0f}% completions.
+  the row end, as LLaDA's SFT pads answers, so that early stop can end generation). In
+  "continuation" completions the prompt also holds the first 1-3 body lines. The last run used
+  {100 * tc['sft_fraction']:.0f}% completions, {100 * tc.get('continuation_fraction', 0):.0f}% of them continuations (see the commands below).
 
 ## Training
 
