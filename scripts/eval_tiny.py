@@ -217,7 +217,7 @@ approximation causes rather than parallel decoding. Measured with `python script
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--n-prompts", type=int, default=40)
+    ap.add_argument("--n-prompts", type=int, default=None, help="default: every held-out prompt (132)")
     ap.add_argument("--write-card", action="store_true")
     args = ap.parse_args()
     model_dir = args.model or builtin_model_path()
