@@ -42,7 +42,7 @@ class SpanForward:
     def __call__(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, K, V) at canvas `positions` (B, K) after recomputing `span`."""
         if not self.graphs:
-            return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions)
+            return self._eager(span, positions)
         key = (span, tuple(positions.shape))
         if key == self.graph_key:
             self.positions.copy_(positions)
@@ -51,28 +51,27 @@ class SpanForward:
             return self.logits
         repeated, self.previous = key == self.previous, key
         if not repeated:
-            return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions)
+            return self._eager(span, positions)
         return self._capture(key, positions)
+
+    def _eager(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions)
 
     def _capture(self, key, positions: torch.Tensor) -> torch.Tensor:
         self.graph = self.graph_key = self.logits = None       # free the previous graph and its pool
         self.positions = positions.clone()
         span = key[0]
-
-        def forward():
-            return self.model.forward_span(self.canvas, span[0], span[1], self.cache, self.positions)
-
         device = positions.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            logits = forward()      # this step's result; it also writes the span's K/V
+            logits = self._eager(span, self.positions)      # this step's result; it also writes the span's K/V
         torch.cuda.current_stream(device).wait_stream(side)
         logits.record_stream(torch.cuda.current_stream(device))   # used there from now on
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):   # its own memory pool, released with the graph
-                self.logits = forward()
+                self.logits = self._eager(span, self.positions)
         except RuntimeError as e:   # an op that cannot be captured: stay eager for this run
             warnings.warn(f"CUDA graph capture failed, continuing without graphs: {str(e).splitlines()[0]}")
             self.graphs, self.logits = False, None
