@@ -49,7 +49,8 @@ def test_generate_uses_it_by_default_with_its_model_defaults():
     record = json.loads(r.stdout)
     assert record["model"]["path"] == str(builtin_model_path())
     assert record["config"]["gen_len"] == 128            # the model-defaults layer (generation_config.json)
-    assert record["config"]["block_len"] == 64 and record["nfe"] >= 1
+    assert record["config"]["block_len"] == 32 and record["config"]["threshold"] == 0.8   # the code profile
+    assert record["nfe"] >= 1 and record["generated_tokens"] > 0
 
 
 # The first tokens of the greedy answer to PROMPT (gen_len 64, block 32, DualCache, threshold 0.9),

@@ -105,7 +105,7 @@ def test_profile_switch_keeps_flags_and_set_values(monkeypatch):
     s.cfg = DecodeConfig(gen_len=128)
     repl.run_command(s, "/set rule factor")
     assert "kept: gen_len, rule" in repl.run_command(s, "/profile code").text
-    assert (s.profile.name, s.cfg.block_len, s.cfg.threshold) == ("code", 64, 0.8)    # from the profile
+    assert (s.profile.name, s.cfg.block_len, s.cfg.threshold) == ("code", 32, 0.8)    # from the profile
     assert (s.cfg.gen_len, s.cfg.rule) == (128, "factor")                                # flag and /set kept
     before = (s.profile, s.cfg)
     with pytest.raises(UserError, match="unknown profile 'nope'"):

@@ -118,7 +118,7 @@ def test_profiles_list_and_show(tmp_path):
     for name in ("default", "code", "chat", "math", "quality", "fast", "baseline"):
         assert name in r.stdout
     r = invoke("profiles", "show", "code", "--resolved")
-    assert "block_len: 64" in r.stdout and "threshold: 0.8" in r.stdout and "gen_len: 256" in r.stdout
+    assert "block_len: 32" in r.stdout and "threshold: 0.8" in r.stdout and "gen_len: 256" in r.stdout
 
 
 def test_precedence_flag_over_env_over_profile(llada_dir, tmp_path):
