@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from fastdllm import loading, profiles  # noqa: E402
+from fastdllm.bench import agreement  # noqa: E402
 from fastdllm.builtin import builtin_model_path  # noqa: E402
 from fastdllm.engine import run  # noqa: E402
 from fastdllm.models import LLaDAModelLM  # noqa: E402
@@ -54,38 +55,32 @@ def parses(prompt: str, completion: str) -> bool:
         return False
 
 
-def agreement(a: list[int], b: list[int], end: int) -> tuple[int, int]:
-    """(identical, compared) over the answer positions, each answer followed by its end token."""
-    a, b = a + [end], b + [end]
-    length = max(len(a), len(b))
-    a, b = a + [end] * (length - len(a)), b + [end] * (length - len(b))
-    return sum(x == y for x, y in zip(a, b)), length
-
-
-def settings(model_dir: Path) -> dict:
+def settings(model_dir: Path, block_len: int | None = None) -> dict:
     """The issue's pair (code profile at threshold 0.9; the one-token-per-step baseline with the
-    same blocks) and two diagnostics that separate the cache's effect from parallel decoding's."""
-    fast = profiles.resolve(profiles.find("code"), {"threshold": 0.9}, model_dir)
+    same blocks), two diagnostics that separate the cache's effect from parallel decoding's, and the
+    code profile as users get it (its own threshold).
+    block_len overrides the profile's block length (a diagnostic; the card reports the profile's)."""
+    blocks = {"block_len": block_len} if block_len else {}
+    fast = profiles.resolve(profiles.find("code"), {"threshold": 0.9} | blocks, model_dir)
     return {
         "baseline": profiles.resolve(profiles.find("baseline"), {"block_len": fast.block_len}, model_dir),
         "fast": fast,
         "fast_no_cache": replace(fast, cache="none"),
         "fast_prefix": replace(fast, cache="prefix"),
+        "profile": profiles.resolve(profiles.find("code"), blocks, model_dir),   # what users get
     }
 
 
-def evaluate(model_dir: Path, n: int) -> dict:
+def evaluate(model_dir: Path, n: int | None, block_len: int | None = None) -> dict:
     lm = loading.load(model_dir)
-    end = lm.specials.stops[0]
-    configs = settings(model_dir)
+    configs = settings(model_dir, block_len)
     prompts = heldout_prompts(n)
-    stats = {name: {"nfe": 0, "committed": 0, "parse": 0, "seconds": 0.0, "tokens": 0, "same": 0,
-                    "compared": 0, "same_answers": 0, "row_agreement": 0.0} for name in configs}
+    stats = {name: {"nfe": 0, "committed": 0, "parse": 0, "seconds": 0.0, "tokens": 0, "answers": []}
+             for name in configs}
     examples = []
     for prompt in prompts:
         ids = lm.encode(prompt, chat=False)
         results = {name: run(lm, [ids], cfg) for name, cfg in configs.items()}
-        base = results["baseline"].ids[0]
         for name, r in results.items():
             s = stats[name]
             s["nfe"] += r.nfe
@@ -93,25 +88,27 @@ def evaluate(model_dir: Path, n: int) -> dict:
             s["parse"] += parses(prompt, r.texts[0])
             s["seconds"] += r.seconds_total
             s["tokens"] += r.generated_tokens
-            k, m = agreement(r.ids[0], base, end)
-            s["same"], s["compared"] = s["same"] + k, s["compared"] + m
-            s["row_agreement"] += k / m
-            s["same_answers"] += r.ids[0] == base
+            s["answers"].append(r.ids[0])
         if len(examples) < 2:
             examples.append({"prompt": prompt, "fast": results["fast"].texts[0], "baseline": results["baseline"].texts[0]})
+    base = stats["baseline"]["answers"]
     figures = {"prompts": len(prompts), "settings": {}}
     for name, s in stats.items():
+        pooled, identical = agreement(s["answers"], base)  # the same definition `fastdllm bench` prints
+        per_prompt = [agreement([a], [b])[0] for a, b in zip(s["answers"], base)]
         figures["settings"][name] = {
             "config": configs[name].to_dict(),
             "tokens_per_forward": s["committed"] / s["nfe"], "nfe": s["nfe"],
             # share of identical answer positions, pooled over all prompts (the issue's figure)
-            "token_agreement": s["same"] / s["compared"],
-            "token_agreement_mean_per_prompt": s["row_agreement"] / len(prompts),
-            "identical_answers": s["same_answers"] / len(prompts),
+            "token_agreement": pooled,
+            "token_agreement_mean_per_prompt": sum(per_prompt) / len(prompts),
+            "identical_answers": identical,
             "parse_share": s["parse"] / len(prompts),
+            "mean_answer_tokens": s["tokens"] / len(prompts),
             "tokens_per_second": s["tokens"] / s["seconds"],
         }
     figures.update(heldout_loss=measure_heldout_loss(model_dir), examples=examples,
+                   answers={name: s["answers"] for name, s in stats.items()},
                    conditions=f"{lm.info['device']} {lm.info['dtype']}, torch {torch.__version__}, {platform.machine()}")
     return figures
 
@@ -138,6 +135,11 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+# Everything after this line in the card is written by hand (experiments beyond the shipped
+# checkpoint) and survives --write-card.
+HAND_WRITTEN = "<!-- Hand-written below this line; scripts/eval_tiny.py --write-card keeps it. -->"
+
+
 def write_card(model_dir: Path, figures: dict) -> None:
     state = json.loads((model_dir / "trainer_state.json").read_text())
     tc = state["train_config"]
@@ -150,11 +152,12 @@ def write_card(model_dir: Path, figures: dict) -> None:
     labels = {"baseline": f"baseline profile (no cache, one token per step, block {base['config']['block_len']})",
               "fast": f"code profile, threshold 0.9 (DualCache, block {fast['config']['block_len']})",
               "fast_no_cache": "the same without cache (diagnostic)",
-              "fast_prefix": "the same with PrefixCache (diagnostic)"}
+              "fast_prefix": "the same with PrefixCache (diagnostic)",
+              "profile": f"code profile as shipped (threshold {f['settings']['profile']['config']['threshold']})"}
     rows = "\n".join(
         f"| {labels[name]} | {r['tokens_per_forward']:.2f} | {r['nfe']} | {100 * r['token_agreement']:.1f}% / "
         f"{100 * r['token_agreement_mean_per_prompt']:.1f}% | {100 * r['identical_answers']:.0f}% | "
-        f"{100 * r['parse_share']:.0f}% | {r['tokens_per_second']:.1f} |" for name, r in f["settings"].items())
+        f"{100 * r['parse_share']:.0f}% | {r['mean_answer_tokens']:.1f} | {r['tokens_per_second']:.1f} |" for name, r in f["settings"].items())
     card = f"""# tiny-code: the built-in fastdllm model
 
 A tiny masked-diffusion **code** model for demos, tests and benchmarks on a CPU. It is not an
@@ -198,12 +201,13 @@ cross-entropy on masked positions weighted by 1/t), AdamW (lr {tc['lr']}, cosine
 ## Decoding figures
 
 {f['prompts']} held-out prompts (a function signature and its first body line), generation length
-{base['config']['gen_len']}, early stop on, {f['conditions']}. Agreement is with the baseline's answer:
-the share of identical positions pooled over all prompts (the figure the floor applies to), its
-mean per prompt, and the share of identical answers.
+{base['config']['gen_len']}, early stop on, {f['conditions']}. Agreement is with the baseline's answer,
+as `fastdllm bench` computes it: identical tokens over the positions either answer generated (the
+end token not counted), pooled over all prompts (the figure the floor applies to); its mean per
+prompt; and the share of identical answers.
 
-| setting | tokens per forward | NFE | token agreement (pooled / per prompt) | identical answers | parses as Python | tokens/s |
-|---|---|---|---|---|---|---|
+| setting | tokens per forward | NFE | token agreement (pooled / per prompt) | identical answers | parses as Python | answer tokens (mean) | tokens/s |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 Floors of the issue, for the code profile at threshold 0.9: more than 1.5 tokens per forward
@@ -211,17 +215,21 @@ Floors of the issue, for the code profile at threshold 0.9: more than 1.5 tokens
 The rows without cache and with PrefixCache show how much of the disagreement the cache
 approximation causes rather than parallel decoding. Measured with `python scripts/eval_tiny.py --write-card`.
 """
-    (model_dir / "README.md").write_text(card)
+    path = model_dir / "README.md"
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(HAND_WRITTEN):] if HAND_WRITTEN in old else ""
+    path.write_text(card + ("\n" + kept if kept else ""))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--n-prompts", type=int, default=None, help="default: every held-out prompt (132)")
+    ap.add_argument("--block-len", type=int, default=None, help="override the code profile's block length")
     ap.add_argument("--write-card", action="store_true")
     args = ap.parse_args()
     model_dir = args.model or builtin_model_path()
-    figures = evaluate(model_dir, args.n_prompts)
+    figures = evaluate(model_dir, args.n_prompts, args.block_len)
     print(json.dumps(figures, indent=2))
     if args.write_card:
         write_card(model_dir, figures)
