@@ -228,6 +228,8 @@ def main() -> None:
     ap.add_argument("--block-len", type=int, default=None, help="override the code profile's block length")
     ap.add_argument("--write-card", action="store_true")
     args = ap.parse_args()
+    if args.block_len and args.write_card:
+        ap.error("--write-card reports the code profile as shipped; drop --block-len")
     model_dir = args.model or builtin_model_path()
     figures = evaluate(model_dir, args.n_prompts, args.block_len)
     print(json.dumps(figures, indent=2))
