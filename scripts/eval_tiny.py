@@ -75,7 +75,7 @@ def evaluate(model_dir: Path, n: int | None, block_len: int | None = None) -> di
     lm = loading.load(model_dir)
     configs = settings(model_dir, block_len)
     prompts = heldout_prompts(n)
-    stats = {name: {"nfe": 0, "committed": 0, "parse": 0, "seconds": 0.0, "tokens": 0, "answers": []}
+    stats = {name: {"nfe": 0, "committed": 0, "parse": 0, "seconds": 0.0, "answers": []}
              for name in configs}
     examples = []
     for prompt in prompts:
@@ -87,7 +87,6 @@ def evaluate(model_dir: Path, n: int | None, block_len: int | None = None) -> di
             s["committed"] += r.committed
             s["parse"] += parses(prompt, r.texts[0])
             s["seconds"] += r.seconds_total
-            s["tokens"] += r.generated_tokens
             s["answers"].append(r.ids[0])
         if len(examples) < 2:
             examples.append({"prompt": prompt, "fast": results["fast"].texts[0], "baseline": results["baseline"].texts[0]})
@@ -96,6 +95,7 @@ def evaluate(model_dir: Path, n: int | None, block_len: int | None = None) -> di
     for name, s in stats.items():
         pooled, identical = agreement(s["answers"], base)  # the same definition `fastdllm bench` prints
         per_prompt = [agreement([a], [b])[0] for a, b in zip(s["answers"], base)]
+        tokens = sum(map(len, s["answers"]))                # answer tokens, up to each end token
         figures["settings"][name] = {
             "config": configs[name].to_dict(),
             "tokens_per_forward": s["committed"] / s["nfe"], "nfe": s["nfe"],
@@ -104,8 +104,8 @@ def evaluate(model_dir: Path, n: int | None, block_len: int | None = None) -> di
             "token_agreement_mean_per_prompt": sum(per_prompt) / len(prompts),
             "identical_answers": identical,
             "parse_share": s["parse"] / len(prompts),
-            "mean_answer_tokens": s["tokens"] / len(prompts),
-            "tokens_per_second": s["tokens"] / s["seconds"],
+            "mean_answer_tokens": tokens / len(prompts),
+            "tokens_per_second": tokens / s["seconds"],
         }
     figures.update(heldout_loss=measure_heldout_loss(model_dir), examples=examples,
                    answers={name: s["answers"] for name, s in stats.items()},
