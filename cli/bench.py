@@ -3,6 +3,7 @@ Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or i
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,7 +12,8 @@ import typer
 
 from fastdllm.errors import UsageError
 
-from .common import MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, resolve_model_dir, user_errors
+from .common import (MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, out_console,
+                     resolve_model_dir, user_errors)
 
 DEFAULT_N_PROMPTS = 4     # built-in sets; a --prompts file runs whole
 
@@ -85,6 +87,9 @@ def bench(
     # everything a user can get wrong is checked before the model is loaded
     fmt = format_for(output_format, output)
     runner.check_counts(repetitions, warmup)
+    placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    check_writable(output, "--output")
+    check_writable(plot, "--plot")
     if plot is not None:
         require_matplotlib()
     sweep = runner.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
@@ -100,13 +105,13 @@ def bench(
     cases = runner.expand(rows, sweep, model_dir)
     for rule in ("threshold", "factor"):
         if getattr(sweep, rule) and not any(c.cfg.rule == rule for c in cases):
-            err_console.print(f"[yellow]note:[/] --{rule} is ignored: no selected row uses the {rule} rule")
+            err_console.print(f"note: --{rule} is ignored: no selected row uses the {rule} rule", style="yellow")
 
-    lm = load_model(model_dir, **model_placement(dtype=dtype, device=device, quantize=quantize))
+    lm = load_model(model_dir, **placement)
     if chosen is None:
         chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
 
-    measured, interrupted = [], False
+    measured, stopped = [], None
     total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup)
     err_console.print(f"bench: {len(cases)} rows x {len(chosen.prompts)} {chosen.name} prompts "
                       f"({total} runs) on {lm.path.name}", style="dim")
@@ -115,14 +120,46 @@ def bench(
             for m in runner.measure(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
                                     on_run=tick):
                 measured.append(m)
-    except KeyboardInterrupt:
-        interrupted = True
-        err_console.print(f"[yellow]interrupted: keeping the {len(measured)} of {len(cases)} rows finished[/]")
+                if output is not None:                   # on disk as soon as it is finished
+                    save(runner.compare(measured), fmt, output)
+    except (KeyboardInterrupt, Exception) as e:          # Ctrl+C, out of memory, ...: keep the finished rows
+        stopped = e
+        if measured:
+            what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            err_console.print(f"{what}: keeping the {len(measured)} of {len(cases)} rows finished", style="yellow")
     records = runner.compare(measured)
     if records:
         _emit(records, fmt, output, plot)
-    if interrupted:
+    if isinstance(stopped, KeyboardInterrupt):
         raise typer.Exit(130)
+    if stopped is not None:
+        raise stopped
+
+
+def check_writable(path: Path | None, flag: str) -> None:
+    """Refuse a results file that could not be written, before the first row runs."""
+    if path is None:
+        return
+    folder = path.absolute().parent
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
+
+
+def save(records: list[dict], fmt: str, output: Path) -> None:
+    """Replace `output` whole (through a temporary file beside it: never half a file)."""
+    from fastdllm.bench_format import render
+    from fastdllm.errors import UserError
+
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        partial.write_text(render(records, fmt))
+        os.replace(partial, output)
+    except OSError as e:
+        raise UserError(f"cannot write {output}: {e}") from None
 
 
 class RunProgress:
@@ -163,20 +200,14 @@ class RunProgress:
 
 def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None) -> None:
     from fastdllm.bench_format import plot as draw, render, table
-    from fastdllm.errors import UserError
 
     if output is not None:
-        try:
-            output.write_text(render(records, fmt))
-        except OSError as e:
-            raise UserError(f"cannot write {output}: {e}") from None
+        save(records, fmt, output)
         err_console.print(f"results written to {output} ({fmt})", style="dim")
     if output is None and fmt != "table":
         sys.stdout.write(render(records, fmt))
     elif is_terminal(sys.stdout):
-        from rich.console import Console
-
-        Console(highlight=False).print(table(records))
+        out_console.print(table(records))
     else:
         sys.stdout.write(render(records, "table"))
     if plot is not None:

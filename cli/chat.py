@@ -11,15 +11,16 @@ import typer
 
 from fastdllm.errors import UserError
 
-from .common import RunOptions, err_console, generation_options, is_terminal, prepare, user_errors
+from .common import (RunOptions, err_console, generation_options, is_terminal, keys_not_echoed, prepare, user_errors,
+                     utf8)
 from .generate import describe_rule
 
 PROMPT, MORE = ">>> ", "... "
 
 
 def say(text: str, style: str | None = None) -> None:
-    """Everything but the answers goes to stderr; soft_wrap keeps a one-line message on one line."""
-    err_console.print(text, style=style, markup=False, soft_wrap=True)
+    """Everything but the answers goes to stderr (as plain text, one line kept on one line)."""
+    err_console.print(text, style=style)
 
 
 @user_errors
@@ -54,6 +55,9 @@ def chat(
             return
         except KeyboardInterrupt:                          # at the prompt: the session goes on
             say("\nUse /bye or Ctrl+D to exit", "yellow")
+            continue
+        except UserError as e:                             # an undecodable line: said, skipped
+            say(str(e), "red")
             continue
         try:
             if text.strip() and not handle(lm, session, text, command, live):
@@ -96,7 +100,7 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> N
             f"{lm.context_length} tokens)", "yellow")
     header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe_rule(cfg)}"
     view = LiveCanvas(err_console, lm.tokenizer, header, cfg.gen_len, cfg.block_len, lm.specials.stops) if live else None
-    with view or nullcontext():
+    with view or nullcontext(), keys_not_echoed():
         result = run(lm, [ids], cfg, on_event=view.update if view else None)
     text = result.texts[0] if lm.has_chat_template else cut_plain_answer(result.texts[0])
     sys.stdout.write(text + "\n")
@@ -106,11 +110,12 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> N
 
 
 def pipe_reader(prompt: str) -> str:
-    """Lines from a pipe or file: no prompt, no line editing."""
-    line = sys.stdin.readline()
+    """Lines from a pipe or file: no prompt, no line editing; each must be valid UTF-8."""
+    stream = getattr(sys.stdin, "buffer", None)
+    line = stream.readline() if stream else sys.stdin.readline().encode()
     if not line:
         raise EOFError
-    return line.rstrip("\r\n")
+    return utf8(line, "this input line").rstrip("\r\n")
 
 
 def terminal_reader():
@@ -120,11 +125,14 @@ def terminal_reader():
         import readline  # noqa: F401
     except ImportError:                                    # not built on every platform; input() still works
         pass
-    if is_terminal(sys.stdout):
-        return input
+    to_stdout = is_terminal(sys.stdout)
 
-    def read(prompt: str) -> str:                          # stdout is a pipe: keep the prompt off it
-        sys.stderr.write(prompt)
-        sys.stderr.flush()
-        return input()
+    def read(prompt: str) -> str:
+        if not to_stdout:                                  # stdout is a pipe: keep the prompt off it
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+        try:
+            return input(prompt if to_stdout else "")
+        except UnicodeDecodeError as e:                   # re-decoded to raise our one-line error
+            return utf8(bytes(e.object), "this input line")
     return read

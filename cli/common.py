@@ -8,17 +8,21 @@ import inspect
 import os
 import sys
 import typing
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from fastdllm.errors import UsageError, UserError
 
-err_console = Console(stderr=True, highlight=False)
+# No markup parsing (user text such as a path with "[/x]" is printed as it is: styles are passed
+# as arguments) and soft wrapping: a message stays one line in a pipe or file, not cut at 80 columns.
+err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+out_console = Console(highlight=False, markup=False, soft_wrap=True)
 DEBUG = {"on": bool(os.environ.get("FASTDLLM_DEBUG"))}
 
 # name -> (type, typer.Option): DecodeConfig fields first, then how to load the model.
@@ -59,13 +63,7 @@ class RunOptions:
 def generation_options(func):
     """Add the model and decoding flags to a Typer command; it receives them as `opts`."""
     flags = {**MODEL_FLAGS, **DECODE_FLAGS}
-    hints = typing.get_type_hints(func, include_extras=True)   # resolved, Annotated metadata kept
-    own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(func).parameters.values()
-           if p.name != "opts"]
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=Annotated[kind, option]) for name, (kind, option) in flags.items()]
 
-    @functools.wraps(func)
     def wrapper(**kwargs):
         values = {name: kwargs.pop(name) for name in flags}
         opts = RunOptions(model=values["model"] or os.environ.get("FASTDLLM_MODEL"),
@@ -74,34 +72,62 @@ def generation_options(func):
                           decode={k: values[k] for k in DECODE_FLAGS})
         return func(opts=opts, **kwargs)
 
+    return with_options(func, wrapper, flags, drop="opts")
+
+
+def with_options(func, wrapper, flags: dict, drop: str | None = None):
+    """Give `wrapper` the signature Typer reads: `func`'s own parameters (less `drop`) plus
+    keyword options `flags` (name -> (type, typer.Option))."""
+    hints = typing.get_type_hints(func, include_extras=True)   # resolved, Annotated metadata kept
+    own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(func).parameters.values()
+           if p.name != drop]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[kind, option]) for name, (kind, option) in flags.items()]
     params = own + extra
+    wrapper = functools.wraps(func)(wrapper)
     wrapper.__signature__ = inspect.Signature(params)
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper
 
 
 def model_placement(**given: str | None) -> dict[str, str]:
-    """dtype / device / quantize: the flag, else FASTDLLM_DTYPE etc., else the default."""
-    return {k: given.get(k) or os.environ.get(f"FASTDLLM_{k.upper()}") or default for k, default in MODEL_DEFAULTS.items()}
+    """dtype / device / quantize: the flag, else FASTDLLM_DTYPE etc., else the default; an unknown
+    value is a usage error naming where it came from."""
+    from fastdllm.config import placement_error
+
+    chosen = {}
+    for key, default in MODEL_DEFAULTS.items():
+        env = f"FASTDLLM_{key.upper()}"
+        source, value = (f"--{key}", given[key]) if given.get(key) else (env, os.environ.get(env) or default)
+        if problem := placement_error(key, value):
+            raise UsageError(f"{source}: {problem}")
+        chosen[key] = value
+    return chosen
+
+
+DEBUG_FLAG = {"debug": (bool, typer.Option("--debug", help="Show Python tracebacks."))}
 
 
 def user_errors(func):
-    """One line on stderr and an exit code for user mistakes; 130 on Ctrl+C; tracebacks with --debug."""
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    """One line on stderr and an exit code for user mistakes; 130 on Ctrl+C; tracebacks with --debug
+    (accepted after the subcommand as well as before it)."""
+    def wrapper(*args, debug: bool | None = None, **kwargs):
+        if debug:
+            DEBUG["on"] = True
         try:
             return func(*args, **kwargs)
         except UserError as e:
             if DEBUG["on"]:
                 raise
-            err_console.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+            err_console.print(Text("error: ", style="bold red") + Text(str(e)))
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             if DEBUG["on"]:
                 raise
-            err_console.print("[yellow]interrupted[/]")
+            err_console.print("interrupted", style="yellow")
             raise typer.Exit(130) from None
-    return wrapper
+
+    return with_options(func, wrapper, DEBUG_FLAG)
 
 
 def resolve_model_dir(spec: str | None) -> Path:
@@ -134,9 +160,14 @@ def load_model(model_dir: Path, **placement: str):
     """Load with a spinner on a terminal (stderr)."""
     from fastdllm import loading
 
-    spinner = err_console.status(f"loading {model_dir.name} ...") if err_console.is_terminal else nullcontext()
-    with spinner:
-        return loading.load(model_dir, **placement)
+    spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
+    with spinner, keys_not_echoed():
+        lm = loading.load(model_dir, **placement)
+    if lm.info.get("bf16") == "emulated":
+        from fastdllm.cpu import bf16_note
+
+        err_console.print(f"note: {bf16_note()}", style="yellow")
+    return lm
 
 
 def prepare(opts: RunOptions):
@@ -150,6 +181,63 @@ def prepare(opts: RunOptions):
     return lm, profile, cfg
 
 
+def print_columns(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> None:
+    """Rows for people on stdout: a rich table on a terminal (long cells folded); in a pipe or a
+    file whole lines, columns padded with two spaces and the last one neither cut nor padded."""
+    if out_console.is_terminal:
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False, show_header=header is not None)
+        for i, name in enumerate(header or [""] * len(rows[0])):
+            table.add_column(name, overflow="fold", style="bold" if i == 0 and header is None else None)
+        for row in rows:
+            table.add_row(*row)
+        out_console.print(table)
+        return
+    lines = ([header] if header else []) + rows
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    for line in lines:
+        sys.stdout.write("  ".join([c.ljust(w) for c, w in zip(line, widths)] + [line[-1]]) + "\n")
+
+
 def is_terminal(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
+
+
+@contextmanager
+def keys_not_echoed():
+    """While a spinner or the live view owns the terminal, typed keys are not echoed into it (they
+    stay queued for whoever reads stdin next); the terminal's settings are restored afterwards."""
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd) if sys.stdin.isatty() else None
+    except (ImportError, AttributeError, OSError, ValueError):   # no termios (Windows), no real stdin
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO                                     # lflags
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def utf8(data: bytes, source: str) -> str:
+    """Prompt bytes as text; invalid UTF-8 is refused with the byte and its offset (never guessed:
+    a prompt silently changed would give a silently different answer)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{source} is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start}") from None
+
+
+def argument_text(text: str, source: str) -> str:
+    """A command-line argument as the user's bytes meant it (Python smuggles undecodable bytes in as
+    lone surrogates), checked as UTF-8."""
+    return utf8(os.fsencode(text), source)
 

@@ -12,20 +12,24 @@ import typer
 
 from fastdllm.errors import UsageError, UserError
 
-from .common import RunOptions, err_console, generation_options, is_terminal, prepare, user_errors
+from .common import (RunOptions, argument_text, err_console, generation_options, is_terminal, keys_not_echoed, prepare,
+                     user_errors, utf8)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
+    """The prompt from -f FILE, stdin or the argument; all three must be valid UTF-8 (one rule)."""
     if file is not None:
         try:
-            return file.read_text()
-        except (OSError, UnicodeDecodeError) as e:
+            data = file.read_bytes()
+        except OSError as e:
             raise UserError(f"cannot read prompt file {file}: {e}") from None
+        return utf8(data, f"prompt file {file}")
     if prompt == "-" or (prompt is None and not is_terminal(sys.stdin)):
-        return sys.stdin.read()
+        stream = getattr(sys.stdin, "buffer", None)
+        return utf8(stream.read(), "the prompt on stdin") if stream else sys.stdin.read()
     if prompt is None:
         raise UsageError("no prompt: give it as an argument, with -f FILE, or on stdin")
-    return prompt
+    return argument_text(prompt, "the prompt argument")
 
 
 def describe_rule(cfg) -> str:
@@ -58,7 +62,7 @@ def generate(
             if live else None)
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)
     sink = view or streamer                        # None with --json: only the result is printed
-    with view or nullcontext():
+    with view or nullcontext(), keys_not_echoed():
         result = run(lm, [ids], cfg, on_event=sink.update if sink else None)
     if json_out:
         record = dict(result.to_dict(), profile=profile.name, model=lm.info)

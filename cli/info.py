@@ -6,12 +6,7 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from .common import resolve_model_dir, user_errors
-
-out = Console(highlight=False)
+from .common import out_console, print_columns, resolve_model_dir, user_errors
 
 
 @user_errors
@@ -23,16 +18,15 @@ def info(
 ):
     """Family, size, dtype on disk, context, special ids, chat template, memory estimates."""
     from fastdllm.checkpoint_info import inspect_checkpoint, memory_estimate
+    from fastdllm.cpu import bf16_note, this_cpu
     from fastdllm.view import human_bytes
 
     details = inspect_checkpoint(resolve_model_dir(model))
     memory = memory_estimate(details, prompt_len + gen_len)
+    machine = this_cpu()
     if json_out:
-        out.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len)))
+        out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine)))
         return
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
     rows = [("path", details["path"]), ("family", f"{details['family']} ({', '.join(details['architectures'])})"),
             ("parameters", f"{details['parameters'] / 1e6:,.1f} M"),
             ("dtype on disk", f"{details['dtype_on_disk']} ({human_bytes(details['bytes_on_disk'])})"),
@@ -45,6 +39,5 @@ def info(
     for name, est in memory.items():
         rows.append((f"memory {name}", f"{human_bytes(est['total'])} = weights {human_bytes(est['weights'])} "
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
-    for row in rows:
-        table.add_row(*row)
-    out.print(table)
+    rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
+    print_columns(rows)

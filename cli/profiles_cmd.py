@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Table
-
-from .common import resolve_model_dir, user_errors
+from .common import out_console as out, print_columns, resolve_model_dir, user_errors
 
 app = typer.Typer(help="List and inspect decoding profiles.", no_args_is_help=True)
-out = Console(highlight=False)
 
 
 @app.command("list")
@@ -22,12 +19,8 @@ def list_profiles():
     """Built-in and user profiles (FASTDLLM_PROFILE_DIR, ~/.config/fastdllm/profiles)."""
     from fastdllm import profiles
 
-    table = Table(box=None, pad_edge=False)
-    for column in ("name", "source", "description"):
-        table.add_column(column, overflow="fold")
-    for p in profiles.available():
-        table.add_row(p.name, p.source, p.description)
-    out.print(table)
+    print_columns([(p.name, p.source, p.description) for p in profiles.available()],
+                  header=("name", "source", "description"))
 
 
 @app.command("show")
@@ -41,13 +34,28 @@ def show(
     from fastdllm import profiles
 
     profile = profiles.find(name)
-    if not resolved:
+    if not resolved:       # a file that -P loads back to the same settings (description included)
         out.print(f"# {profile.name} ({profile.source}: {profile.path})")
-        if profile.description:
-            out.print(f"# {profile.description}")
-        out.print(yaml.safe_dump(profile.values, sort_keys=False).rstrip())
+        values = ({"description": profile.description} if profile.description else {}) | profile.values
+        out.print(as_yaml(values))
         return
-    model_dir: Path | None = resolve_model_dir(model) if model else None
+    model_dir = resolve_model_dir(model) if model else default_model_dir()
     cfg = profiles.resolve(profile, {}, model_dir)
-    out.print(f"# {profile.name} resolved (defaults < model < profile < FASTDLLM_* env < flags)")
-    out.print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+    against = f"model {model_dir.name}" if model_dir else "no model defaults"
+    out.print(f"# {profile.name} resolved for {against} (defaults < model < profile < FASTDLLM_* env < flags)")
+    out.print(as_yaml(cfg.to_dict()))
+
+
+def as_yaml(values: dict) -> str:
+    """Block YAML with no line folding: long descriptions stay one line."""
+    return yaml.safe_dump(values, sort_keys=False, allow_unicode=True, width=float("inf")).rstrip()
+
+
+def default_model_dir() -> Path | None:
+    """The model `generate` uses without -m (FASTDLLM_MODEL, else the built-in one), if any."""
+    from fastdllm.errors import UserError
+
+    try:
+        return resolve_model_dir(os.environ.get("FASTDLLM_MODEL"))
+    except UserError:                    # no built-in model installed, or a hub id not available here
+        return None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -115,7 +117,7 @@ def parse_value(f, raw: Any) -> Any:
         if base == "float":
             if isinstance(raw, bool):
                 raise ValueError
-            return float(raw)
+            return float(raw)          # nan / inf are refused by _check_field
         return str(raw).strip()
     except (TypeError, ValueError):
         raise ConfigError(f"{f.name}: expected {base}, got {raw!r}") from None
@@ -131,6 +133,8 @@ def _check_field(f, value: Any) -> None:
           "bool": isinstance(value, bool), "str": isinstance(value, str)}[base]
     if not ok:
         raise ConfigError(f"{f.name}: expected {base}, got {value!r}")
+    if base == "float" and not math.isfinite(value):
+        raise ConfigError(f"{f.name}: expected a finite number, got {value!r}")
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(f"{f.name}: '{value}' is not one of {', '.join(meta['choices'])}")
     if "min" in meta and value < meta["min"]:
@@ -139,3 +143,17 @@ def _check_field(f, value: Any) -> None:
         raise ConfigError(f"{f.name}: {value} must be greater than {meta['gt']}")
     if "max" in meta and value > meta["max"]:
         raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
+
+
+# How a model is placed (not decoding settings: they choose what is loaded, before any profile).
+PLACEMENT_CHOICES = {"dtype": ("auto", "bf16", "fp16", "fp32", "fp64"),
+                     "device": ("auto", "cpu", "cuda", "cuda:N", "mps"),
+                     "quantize": ("none", "8bit", "4bit")}
+
+
+def placement_error(key: str, value: str) -> str | None:
+    """Why `value` is not a valid --dtype / --device / --quantize, or None when it is."""
+    choices = PLACEMENT_CHOICES[key]
+    if value in choices or (key == "device" and re.fullmatch(r"cuda:\d+", value)):
+        return None
+    return f"unknown {key} {value!r} (expected one of {', '.join(choices)})"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from .config import placement_error
+from .errors import UsageError, UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-QUANTIZE = ("none", "8bit", "4bit")
 _PROBE = "fastdllm-end-of-turn-probe"
 
 
@@ -95,8 +95,14 @@ def family_of(config: dict, path: Path):
     return config_cls, model_cls
 
 
-def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none") -> LoadedModel:
+def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none",
+         pack_weights: bool = True) -> LoadedModel:
+    """`pack_weights=False` keeps plain weight layouts on CPU (the packed ones give identical
+    results; tests compare the two)."""
     start = time.perf_counter()
+    for key, value in {"dtype": dtype, "device": device, "quantize": quantize}.items():
+        if problem := placement_error(key, value):
+            raise UsageError(problem)
     path = Path(path).expanduser()
     raw = read_config(path)
     config_cls, model_cls = family_of(raw, path)
@@ -113,7 +119,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
 
     try:
         model = model_cls.from_pretrained(path, config=config, **kwargs).eval()
-        model.prepare_for_inference()
+        model.prepare_for_inference(pack=pack_weights)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
     specials = special_tokens(raw, tokenizer, path)
@@ -213,21 +219,15 @@ def _placement(dtype: str, device: str):
         device_map = "auto" if cuda else {"": "cpu"}   # "auto": accelerate spreads over GPUs, offloads to CPU
     elif device.startswith("cuda") and not cuda:
         raise UserError(f"--device {device}: no CUDA device is available (torch {torch.__version__})")
-    elif device not in ("cpu", "mps") and not device.startswith("cuda"):
-        raise UserError(f"unknown device {device!r} (auto, cpu, cuda, cuda:N, mps)")
     else:
         device_map = {"": device}
     on_gpu = device_map == "auto" or not str(device_map[""]).startswith("cpu")
     if dtype == "auto":
         return (torch.bfloat16 if on_gpu else torch.float32), device_map
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r} (auto, {', '.join(DTYPES)})")
     return DTYPES[dtype], device_map
 
 
 def _quantization(quantize: str, compute_dtype: torch.dtype):
-    if quantize not in QUANTIZE:
-        raise UserError(f"unknown quantization {quantize!r} ({', '.join(QUANTIZE)})")
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -249,4 +249,16 @@ def describe(loaded: LoadedModel) -> dict:
             "device": str(loaded.device), "context_length": loaded.context_length,
             "mask_id": loaded.specials.mask, "stop_ids": list(loaded.specials.stops),
             "chat_template": loaded.has_chat_template,
-            "weights_bytes": model.get_memory_footprint()}
+            "weights_bytes": model.get_memory_footprint(), **cpu_details(loaded)}
+
+
+def cpu_details(loaded: LoadedModel) -> dict:
+    """On CPU: the ISA torch dispatches to, and for bf16 whether it runs natively or emulated."""
+    from . import cpu
+
+    if loaded.device.type != "cpu":
+        return {}
+    details = {"cpu_capability": cpu.capability()}
+    if loaded.dtype == torch.bfloat16:
+        details["bf16"] = "native" if cpu.bf16_native() else "emulated"
+    return details

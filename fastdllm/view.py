@@ -13,6 +13,7 @@ from rich.text import Text
 from .engine import BlockEvent, Result, StepEvent
 
 MASK_GLYPH = "░"
+END_GLYPH = "·"      # a committed end-of-text / end-of-turn position (padding after the answer)
 
 
 def confidence_style(c: float) -> str:
@@ -97,6 +98,8 @@ class LiveCanvas:
                 t = self.tokens[p]
                 if t is None:
                     body.append(MASK_GLYPH, style="dim on grey15")
+                elif t in self.stops:
+                    body.append(END_GLYPH, style="dim")
                 else:
                     body.append(self.pieces(t), style=confidence_style(self.latest[p]) if p in self.latest else "on grey15")
             rest = self.gen_len - start - self.block_len
@@ -172,8 +175,9 @@ def stats_block(result: Result, info: dict, view_overhead: float | None = None) 
         ("cache", f"{cfg.cache}, {human_bytes(result.cache_bytes)}"),
         ("blocks", f"{result.blocks_decoded} of {cfg.num_blocks} of {cfg.block_len} tokens"),
         ("early stop", "yes" if result.early_stopped else "no"),
-        ("device / dtype", f"{info.get('device')} / {info.get('dtype')}"
-         + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")),
+        ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']})" if "cpu_capability" in info else "")
+         + f" / {info.get('dtype')}" + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")
+         + (" (bf16 emulated on this CPU: slow, fp32 is faster)" if info.get("bf16") == "emulated" else "")),
         ("peak memory", f"{human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})"),
     ]
     if view_overhead is not None:

@@ -118,7 +118,7 @@ def test_profiles_list_and_show(tmp_path):
     for name in ("default", "code", "chat", "math", "quality", "fast", "baseline"):
         assert name in r.stdout
     r = invoke("profiles", "show", "code", "--resolved")
-    assert "block_len: 32" in r.stdout and "threshold: 0.8" in r.stdout and "gen_len: 256" in r.stdout
+    assert "block_len: 32" in r.stdout and "threshold: 0.8" in r.stdout and "gen_len: 128" in r.stdout   # built-in model
 
 
 def test_precedence_flag_over_env_over_profile(llada_dir, tmp_path):
@@ -161,7 +161,7 @@ def test_invalid_profiles_name_file_key_and_reason(tmp_path, content, message):
     (["-n", "33", "hi"], 2, "gen_len 33 is not a multiple of block_len 32"),
     (["--threshold", "0", "hi"], 2, "threshold: 0.0 must be greater than 0"),
     (["-P", "nope", "hi"], 2, "unknown profile 'nope'"),
-    (["--dtype", "fp8", "hi"], 1, "unknown dtype"),
+    (["--dtype", "fp8", "hi"], 2, "unknown dtype"),
     (["-n", "4096", "hi"], 1, "exceeds the model's context"),
     (["-m", "someone/some-model", "hi"], 1, "--model DIR"),
 ])

@@ -64,15 +64,19 @@ class DiffusionLM(PreTrainedModel):
             x = block(x, cos, sin, key_mask, cache, layer, start, rows if layer == last else None)
         return self.final_norm(x)
 
-    def prepare_for_inference(self) -> None:
+    def prepare_for_inference(self, pack: bool = True) -> None:
         """After placement: one matmul for q/k/v and one for gate/up in every block, and on CPU
-        the weights in oneDNN's blocked layout. Numerics are unchanged; the module is then for
-        inference only (fused parameters change shape)."""
+        (with `pack`) the weights in oneDNN's blocked layout where this CPU has kernels for their
+        dtype. Numerics are unchanged; the module is then for inference only (fused parameters
+        change shape)."""
+        from ..cpu import packable_dtypes
+
         for block in self.blocks:
             block.fuse()
+        dtypes = packable_dtypes() if pack else frozenset()     # asked once, not layer by layer
         for module in list(self.blocks.modules()) + [self.output_head]:
             if isinstance(module, nn.Linear):
-                pack_linear(module)
+                pack_linear(module, dtypes)
 
     # --- cache ---------------------------------------------------------------------------------
     def new_cache(self, valid: torch.Tensor, keep_kv: bool = True) -> CanvasCache:
