@@ -57,7 +57,7 @@ def bench(
     configs: Annotated[Optional[list[str]], typer.Option("--configs", "-c", help="Rows to run, comma list (default: all; see --list).")] = None,
     profile: Annotated[Optional[list[str]], typer.Option("--profile", "-P", help="Add a profile as a row (repeatable).")] = None,
     gen_len: Annotated[str, typer.Option("--gen-len", "-n", help="Generation lengths, comma list.")] = "256",
-    block_len: Annotated[str, typer.Option("--block-len", help="Block lengths, comma list.")] = "32",
+    block_len: Annotated[Optional[str], typer.Option("--block-len", help="Block lengths, comma list (default: the model family's, 32 for LLaDA and Dream).")] = None,
     threshold: Annotated[Optional[str], typer.Option("--threshold", help="Thresholds for rows using the threshold rule, comma list.")] = None,
     factor: Annotated[Optional[str], typer.Option("--factor", help="Factors for rows using the factor rule, comma list.")] = None,
     batch_size: Annotated[str, typer.Option("--batch-size", "-b", help="Prompts decoded together, comma list.")] = "1",
@@ -83,6 +83,7 @@ def bench(
         return list_configs()
     from fastdllm import bench as runner, profiles, prompts
     from fastdllm.bench_format import format_for, require_matplotlib
+    from fastdllm.rules import RULES
 
     # everything a user can get wrong is checked before the model is loaded
     fmt = format_for(output_format, output)
@@ -103,9 +104,9 @@ def bench(
     chosen = chosen and chosen.take(n)
     model_dir = resolve_model_dir(model)
     cases = runner.expand(rows, sweep, model_dir)
-    for rule in ("threshold", "factor"):
-        if getattr(sweep, rule) and not any(c.cfg.rule == rule for c in cases):
-            err_console.print(f"note: --{rule} is ignored: no selected row uses the {rule} rule", style="yellow")
+    for param in runner.SWEPT_PARAMS:
+        if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
+            err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")
 
     lm = load_model(model_dir, **placement)
     if chosen is None:

@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from fastdllm.errors import UserError
+from fastdllm.rules import describe
 
-from .common import (RunOptions, err_console, generation_options, is_terminal, keys_not_echoed, prepare, user_errors,
-                     utf8)
-from .generate import describe_rule
+from .common import (RunOptions, err_console, generation_options, is_terminal, keys_not_echoed, live_view, prepare,
+                     user_errors, utf8)
 
 PROMPT, MORE = ">>> ", "... "
 
@@ -39,7 +39,7 @@ def chat(
     live = interactive and is_terminal(sys.stdout) and err_console.is_terminal
     if interactive:
         say(f"{lm.path.name} · profile {profile.name} · {lm.info['device']} {lm.info['dtype']} · "
-            f"{describe_rule(cfg)}\nType a message; /? for help, /bye or Ctrl+D to exit.", "bold")
+            f"{describe(cfg)}\nType a message; /? for help, /bye or Ctrl+D to exit.", "bold")
     if not lm.has_chat_template:
         say(f"note: {lm.path.name} has no chat template; using a plain 'User: / Assistant:' transcript", "yellow")
     read = terminal_reader() if interactive else pipe_reader
@@ -88,7 +88,7 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> N
     """Decode an answer to `message` after `history`; print it; record the turn in `session`."""
     from fastdllm.chat import cut_plain_answer, fit_history, plain_transcript
     from fastdllm.engine import run
-    from fastdllm.view import LiveCanvas, stats_line
+    from fastdllm.view import stats_line
 
     if lm.has_chat_template:
         encode = lambda h: lm.encode(message, chat=True, system=session.system, history=h)   # noqa: E731
@@ -98,10 +98,10 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> N
     if dropped:
         say(f"(dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the context of "
             f"{lm.context_length} tokens)", "yellow")
-    header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe_rule(cfg)}"
-    view = LiveCanvas(err_console, lm.tokenizer, header, cfg.gen_len, cfg.block_len, lm.specials.stops) if live else None
+    header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe(cfg)}"
+    view = live_view(lm, ids, cfg, header) if live else None
     with view or nullcontext(), keys_not_echoed():
-        result = run(lm, [ids], cfg, on_event=view.update if view else None)
+        result = run(lm.decoder, [ids], cfg, on_event=view.update if view else None)
     text = result.texts[0] if lm.has_chat_template else cut_plain_answer(result.texts[0])
     sys.stdout.write(text + "\n")
     sys.stdout.flush()

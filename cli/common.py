@@ -9,7 +9,7 @@ import os
 import sys
 import typing
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from fastdllm.config import DecodeConfig, type_of
 from fastdllm.errors import UsageError, UserError
 
 # No markup parsing (user text such as a path with "[/x]" is printed as it is: styles are passed
@@ -25,21 +26,19 @@ err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True
 out_console = Console(highlight=False, markup=False, soft_wrap=True)
 DEBUG = {"on": bool(os.environ.get("FASTDLLM_DEBUG"))}
 
-# name -> (type, typer.Option): DecodeConfig fields first, then how to load the model.
-DECODE_FLAGS = {
-    "gen_len": (Optional[int], typer.Option("--gen-len", "-n", help="Tokens to generate (canvas length).")),
-    "block_len": (Optional[int], typer.Option("--block-len", help="Tokens per block.")),
-    "cache": (Optional[str], typer.Option("--cache", help="KV cache: none | prefix | dual.")),
-    "rule": (Optional[str], typer.Option("--rule", help="Commit rule: threshold | factor | fixed.")),
-    "threshold": (Optional[float], typer.Option("--threshold", help="Threshold rule: commit if confidence >= this.")),
-    "factor": (Optional[float], typer.Option("--factor", help="Factor rule: largest n with (n+1)(1-c_n) < f.")),
-    "steps": (Optional[int], typer.Option("--steps", help="Fixed rule: total steps (default gen_len).")),
-    "confidence": (Optional[str], typer.Option("--confidence", help="prob | margin | neg_entropy | random.")),
-    "temperature": (Optional[float], typer.Option("--temperature", help="0 = greedy.")),
-    "seed": (Optional[int], typer.Option("--seed", "-s", help="Random seed.")),
-    "refresh_every": (Optional[int], typer.Option("--refresh-every", help="Also refresh the cache every r steps.")),
-    "early_stop": (Optional[bool], typer.Option("--early-stop/--no-early-stop", help="Stop after the answer ends.")),
-}
+def _decode_flag(f) -> tuple[Any, Any]:
+    """A DecodeConfig field as a flag: --field-name, its type (None = not given), its help."""
+    kind, _ = type_of(f)
+    names = ((f"--{f.name.replace('_', '-')}/--no-{f.name.replace('_', '-')}",) if kind == "bool"
+             else (f"--{f.name.replace('_', '-')}", *SHORT_FLAGS.get(f.name, ())))
+    text = f.metadata["help"] + (f": {' | '.join(f.metadata['choices'])}" if "choices" in f.metadata else "")
+    return Optional[{"int": int, "float": float, "bool": bool, "str": str}[kind]], \
+        typer.Option(*names, help=text[0].upper() + text[1:] + ".")
+
+
+# name -> (type, typer.Option): every DecodeConfig field, then how to load the model.
+SHORT_FLAGS = {"gen_len": ("-n",), "seed": ("-s",)}
+DECODE_FLAGS = {f.name: _decode_flag(f) for f in fields(DecodeConfig)}
 MODEL_FLAGS = {
     "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory or hub id (default: built-in model).")),
     "profile": (Optional[str], typer.Option("--profile", "-P", help="Profile name or YAML file (default: 'default').")),
@@ -175,10 +174,23 @@ def prepare(opts: RunOptions):
     from fastdllm import profiles
 
     model_dir = resolve_model_dir(opts.model)
-    profile = profiles.find(opts.profile or "default")
+    profile = profiles.find(opts.profile or profiles.default_profile_for(model_dir))
     cfg = profiles.resolve(profile, opts.decode, model_dir)
     lm = load_model(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    trained = lm.model.attention.block
+    if trained is not None and cfg.block_len != trained:
+        err_console.print(f"note: blocks of {cfg.block_len}, but {model_dir.name} was trained with blocks of "
+                          f"{trained}: not its authors' setting", style="yellow")
     return lm, profile, cfg
+
+
+def live_view(lm, prompt_ids: list[int], cfg, header: str):
+    """The live canvas of one answer on stderr, shaped like the run (canvas.geometry)."""
+    from fastdllm.canvas import geometry
+    from fastdllm.view import LiveCanvas
+
+    width, offset = geometry(len(prompt_ids), cfg, lm.model.attention.kind == "block-causal")
+    return LiveCanvas(err_console, lm.tokenizer, header, width, cfg.block_len, lm.specials.stops, offset=offset)
 
 
 def print_columns(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> None:

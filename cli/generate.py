@@ -12,8 +12,8 @@ import typer
 
 from fastdllm.errors import UsageError, UserError
 
-from .common import (RunOptions, argument_text, err_console, generation_options, is_terminal, keys_not_echoed, prepare,
-                     user_errors, utf8)
+from .common import (RunOptions, argument_text, err_console, generation_options, is_terminal, keys_not_echoed, live_view,
+                     prepare, user_errors, utf8)
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
@@ -32,11 +32,6 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     return argument_text(prompt, "the prompt argument")
 
 
-def describe_rule(cfg) -> str:
-    return {"threshold": f"threshold {cfg.threshold}", "factor": f"factor {cfg.factor}",
-            "fixed": f"fixed {cfg.total_steps} steps"}[cfg.rule]
-
-
 @user_errors
 @generation_options
 def generate(
@@ -51,21 +46,22 @@ def generate(
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking."""
     from fastdllm.engine import run
-    from fastdllm.view import BlockStreamer, LiveCanvas, stats_block, stats_line
+    from fastdllm.rules import describe
+    from fastdllm.view import BlockStreamer, stats_block, stats_line
 
     text = read_prompt(prompt, file)
     lm, profile, cfg = prepare(opts)
     ids = lm.encode(text, chat=chat)
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
-    header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe_rule(cfg)}"
-    view = (LiveCanvas(err_console, lm.tokenizer, header, cfg.gen_len, cfg.block_len, lm.specials.stops)
-            if live else None)
+    header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}"
+    view = live_view(lm, ids, cfg, header) if live else None
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)
     sink = view or streamer                        # None with --json: only the result is printed
     with view or nullcontext(), keys_not_echoed():
-        result = run(lm, [ids], cfg, on_event=sink.update if sink else None)
+        result = run(lm.decoder, [ids], cfg, on_event=sink.update if sink else None)
     if json_out:
         record = dict(result.to_dict(), profile=profile.name, model=lm.info)
+        record["timings"] = {"load_s": lm.info["load_seconds"], **record["timings"]}
         sys.stdout.write(json.dumps(record) + "\n")
         return
     if streamer:

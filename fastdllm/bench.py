@@ -22,6 +22,7 @@ from .config import DecodeConfig
 from .engine import Result, run
 from .errors import UsageError, UserError
 from .profiles import Profile, resolve
+from .rules import RULES
 from .prompts import PromptSet
 
 
@@ -55,11 +56,14 @@ class Sweep:
     """Comma-list flags; every combination is run. Threshold values apply to rows using the
     threshold rule and factor values to rows using the factor rule (None: the row's own value)."""
     gen_len: tuple[int, ...] = (256,)
-    block_len: tuple[int, ...] = (32,)
+    block_len: tuple[int, ...] | None = None   # None: the model family's (32 for LLaDA and Dream)
     batch_size: tuple[int, ...] = (1,)
     threshold: tuple[float, ...] | None = None
     factor: tuple[float, ...] | None = None
     early_stop: bool | None = None       # None: the usual layers decide (on by default)
+
+
+SWEPT_PARAMS = ("threshold", "factor")    # rule parameters that bench takes as comma lists
 
 
 @dataclass(frozen=True)
@@ -102,18 +106,24 @@ def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
     row's rule uses them), groups in order, rows in order inside a group. Invalid combinations
     raise before anything runs."""
     cases = []
-    for gen_len, block_len, batch in itertools.product(sweep.gen_len, sweep.block_len, sweep.batch_size):
+    for gen_len, block_len, batch in itertools.product(sweep.gen_len, sweep.block_len or [None], sweep.batch_size):
         for row in rows:
             flags = {**row.values, "gen_len": gen_len, "block_len": block_len, "early_stop": sweep.early_stop}
             try:
                 cfg = resolve(row.profile, flags, model_dir, environ)
             except UsageError as e:
-                raise UsageError(f"{row.name} at gen_len {gen_len}, block_len {block_len}: "
+                where = f"gen_len {gen_len}" + (f", block_len {block_len}" if block_len else "")
+                raise UsageError(f"{row.name} at {where}: "
                                  f"{str(e).removeprefix('flags: ')}") from None
-            swept = {"threshold": sweep.threshold, "factor": sweep.factor}.get(cfg.rule)
-            for value in swept or [None]:
-                cases.append(Case(row.name, cfg if value is None else replace(cfg, **{cfg.rule: value}), batch))
+            param = RULES[cfg.rule].param
+            for value in swept_values(sweep, param) or [None]:
+                cases.append(Case(row.name, cfg if value is None else replace(cfg, **{param: value}), batch))
     return cases
+
+
+def swept_values(sweep: Sweep, param: str | None) -> tuple | None:
+    """The values swept for a rule parameter (threshold, factor), None when it is not swept."""
+    return getattr(sweep, param, None) if param in SWEPT_PARAMS else None
 
 
 def count_runs(cases: list[Case], n_prompts: int, repetitions: int, warmup: int) -> int:
@@ -144,7 +154,7 @@ def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None =
         if _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
             warmed.add(_warm_key(case))
             for _ in range(warmup):
-                run(lm, batches[0], case.cfg)
+                run(lm.decoder, batches[0], case.cfg)
                 if on_run:
                     on_run(case, "warm-up")
         reps = []
@@ -193,10 +203,12 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
 
 
 def rule_fields(cfg: DecodeConfig) -> dict:
-    """The rule and its one parameter (the others are None); gen_len to read `steps` against."""
-    return {"rule": cfg.rule, "threshold": cfg.threshold if cfg.rule == "threshold" else None,
-            "factor": cfg.factor if cfg.rule == "factor" else None,
-            "steps": cfg.total_steps if cfg.rule == "fixed" else None, "gen_len": cfg.gen_len}
+    """The rule and its parameter; every other rule's parameter is None (one column per parameter);
+    gen_len to read `steps` against."""
+    rule = RULES[cfg.rule]
+    params = dict.fromkeys(r.param for r in RULES.values() if r.param)
+    return {"rule": cfg.rule, **{p: rule.value(cfg) if p == rule.param else None for p in params},
+            "gen_len": cfg.gen_len}
 
 
 def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int, warmup: int) -> dict:
@@ -244,7 +256,7 @@ def compare(measured: list[Measured]) -> list[dict]:
 def _timed_run(lm, batch: list[list[int]], cfg: DecodeConfig) -> Result:
     _sync(lm.device)                 # nothing queued before the clock starts
     _reset_peak_rss(lm.device)
-    result = run(lm, batch, cfg)
+    result = run(lm.decoder, batch, cfg)
     _sync(lm.device)
     return result
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from .errors import UsageError, UserError
+from .rules import RULES
 from .view import human_bytes
 
 FORMATS = ("table", "md", "json", "jsonl", "csv")
@@ -30,11 +31,13 @@ def format_for(name: str | None, path: Path | None) -> str:
 
 
 def rule_text(r: dict) -> str:
-    if r["rule"] == "threshold":
-        return f"t={r['threshold']:g}"
-    if r["rule"] == "factor":
-        return f"f={r['factor']:g}"
-    return "1/step" if r["steps"] == r["gen_len"] else f"{r['steps']} steps"
+    rule = RULES[r["rule"]]
+    return rule.short(r[rule.param], r["gen_len"])
+
+
+def tunable(r: dict) -> bool:
+    """A record whose rule has a confidence parameter (worth labelling in plots)."""
+    return RULES[r["rule"]].needs_probability
 
 
 def _pct(x) -> str:
@@ -144,7 +147,7 @@ def series_name(r: dict, records: list[dict], with_rule: bool) -> str:
     for key, tag in (("block_len", "block "), ("batch_size", "batch ")):
         if len({x[key] for x in records}) > 1:
             name += f", {tag}{r[key]}"
-    return name + (f" {rule_text(r)}" if with_rule and r["rule"] in ("threshold", "factor") else "")
+    return name + (f" {rule_text(r)}" if with_rule and tunable(r) else "")
 
 
 def require_matplotlib() -> None:
@@ -183,7 +186,7 @@ def plot(records: list[dict], path: Path) -> None:
             rows.sort(key=lambda r: r["agreement_tokens"])
             right.plot([r["agreement_tokens"] for r in rows], [r["speedup"] for r in rows], marker="o", label=name)
             for r in rows:
-                if r["rule"] in ("threshold", "factor"):
+                if tunable(r):
                     right.annotate(rule_text(r), (r["agreement_tokens"], r["speedup"]), fontsize="x-small",
                                    textcoords="offset points", xytext=(4, 4))
         right.set(xlabel="token agreement with the baseline", ylabel="speedup over the baseline",

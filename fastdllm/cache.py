@@ -18,13 +18,15 @@ class CanvasCache:
     key_mask: torch.Tensor | None      # (B, 1, 1, T) True where a real token; None when nothing is padded
     keys: list[torch.Tensor] | None    # per layer (B, H_kv, T, D), keys stored after RoPE
     values: list[torch.Tensor] | None  # per layer (B, H_kv, T, D)
+    block: int | None = None           # block-causal attention: its block size (None: bidirectional)
 
     @classmethod
     def allocate(cls, valid: torch.Tensor, *, layers: list[tuple[torch.device, torch.dtype]],
-                 kv_heads: int, head_dim: int, keep_kv: bool) -> "CanvasCache":
+                 kv_heads: int, head_dim: int, keep_kv: bool, block: int | None = None) -> "CanvasCache":
         """`valid` (B, T) marks real tokens (False = left padding). `layers` gives each layer's
         device and dtype (accelerate may spread layers over devices). keep_kv=False gives a
-        pass-through cache: every forward must then cover the whole canvas."""
+        pass-through cache: every forward must then cover the whole canvas. `block`: attention is
+        block-causal with blocks of that many positions."""
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         key_mask = None if bool(valid.all()) else valid[:, None, None, :]
         keys = values = None
@@ -32,7 +34,7 @@ class CanvasCache:
             shape = (valid.shape[0], kv_heads, valid.shape[1], head_dim)
             keys = [torch.zeros(shape, device=d, dtype=t) for d, t in layers]
             values = [torch.zeros(shape, device=d, dtype=t) for d, t in layers]
-        return cls(positions, key_mask, keys, values)
+        return cls(positions, key_mask, keys, values, block)
 
     @property
     def length(self) -> int:
@@ -49,8 +51,16 @@ class CanvasCache:
         self.values[layer][:, :, start:end] = v
         return self.keys[layer], self.values[layer]
 
-    def mask_for(self, device: torch.device) -> torch.Tensor | None:
-        return None if self.key_mask is None else self.key_mask.to(device, non_blocking=True)
+    def mask_for(self, device: torch.device, start: int, end: int) -> torch.Tensor | None:
+        """What the span [start, end)'s queries may attend to: (B, 1, 1, T) without padding
+        keys, or under block-causal attention (B, 1, end - start, T), each query the blocks up to
+        and including its own (bidirectional inside the block); None when everything is allowed."""
+        padding = None if self.key_mask is None else self.key_mask.to(device, non_blocking=True)
+        if self.block is None:
+            return padding
+        blocks = (self.positions // self.block).to(device, non_blocking=True)       # (B, T)
+        allowed = blocks[:, None, None, :] <= blocks[:, None, start:end, None]      # (B, 1, S, T)
+        return allowed if padding is None else allowed & padding
 
     @property
     def nbytes(self) -> int:

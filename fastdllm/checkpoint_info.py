@@ -24,7 +24,7 @@ def shard_files(path: Path) -> list[Path]:
 
 def inspect_checkpoint(path: Path) -> dict:
     raw = read_config(path)
-    config_cls, _ = family_of(raw, path)
+    config_cls, model_cls = family_of(raw, path)
     config = config_cls.from_dict(raw)
     shapes, dtypes = {}, Counter()
     for shard in shard_files(path):
@@ -34,7 +34,7 @@ def inspect_checkpoint(path: Path) -> dict:
                 shapes[name] = piece.get_shape()
                 dtypes[piece.get_dtype()] += prod(shapes[name])
     tokenizer = load_tokenizer(path)
-    specials = special_tokens(raw, tokenizer, path)
+    specials = special_tokens(raw, tokenizer, path, model_cls.mask_tokens)
     kv_rows = next(s[0] for n, s in shapes.items() if n.endswith("k_proj.weight"))   # kv_heads * head_dim
     in_blocks = sum(prod(s) for n, s in shapes.items() if len(s) == 2 and (".blocks." in n or ".layers." in n))
     return {

@@ -8,7 +8,9 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from .cache_modes import CACHE_MODES
 from .errors import UsageError
+from .rules import RULES
 
 
 class ConfigError(UsageError, ValueError):
@@ -23,8 +25,9 @@ def _choice(*options: str, help: str) -> Any:
 class DecodeConfig:
     gen_len: int = field(default=256, metadata={"min": 1, "help": "tokens to generate (canvas length)"})
     block_len: int = field(default=32, metadata={"min": 1, "help": "tokens per block; gen_len must be a multiple"})
-    cache: str = _choice("dual", "prefix", "none", help="KV cache mode")
-    rule: str = _choice("threshold", "factor", "fixed", help="how many tokens to commit per step")
+    sub_block_len: int | None = field(default=None, metadata={"min": 1, "help": "decode each block in sub-blocks of this many tokens, left to right (Fast-dLLM v2)"})
+    cache: str = _choice(*CACHE_MODES, help="KV cache mode")
+    rule: str = _choice(*RULES, help="commit rule (how many tokens per step)")
     threshold: float = field(default=0.9, metadata={"gt": 0.0, "max": 1.0, "help": "threshold rule: commit if confidence >= this"})
     factor: float = field(default=1.0, metadata={"gt": 0.0, "help": "factor rule: largest n with (n+1)(1-c_n) < factor"})
     steps: int | None = field(default=None, metadata={"min": 1, "help": "fixed rule: total steps (default gen_len: one token per step)"})
@@ -39,13 +42,16 @@ class DecodeConfig:
             _check_field(f, getattr(self, f.name))
         if self.gen_len % self.block_len:
             raise ConfigError(f"gen_len {self.gen_len} is not a multiple of block_len {self.block_len}")
-        if self.rule == "fixed" and self.total_steps % self.num_blocks:
+        if self.sub_block_len is not None and self.block_len % self.sub_block_len:
+            raise ConfigError(f"block_len {self.block_len} is not a multiple of sub_block_len {self.sub_block_len}")
+        rule = RULES[self.rule]
+        if rule.scheduled and self.total_steps % self.num_blocks:
             raise ConfigError(
                 f"steps {self.total_steps} is not divisible by the number of blocks {self.num_blocks} "
                 f"(gen_len {self.gen_len} / block_len {self.block_len})")
-        if self.rule == "fixed" and self.total_steps > self.gen_len:
+        if rule.scheduled and self.total_steps > self.gen_len:
             raise ConfigError(f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
-        if self.rule != "fixed" and self.confidence not in ("prob", "margin"):
+        if rule.needs_probability and self.confidence not in ("prob", "margin"):
             raise ConfigError(f"confidence '{self.confidence}' is not a probability; the {self.rule} rule needs prob or margin")
 
     @property
@@ -89,7 +95,7 @@ _FALSE = {"0", "false", "no", "off"}
 _NONE = {"", "none", "null", "off"}
 
 
-def _type_of(f) -> tuple[str, bool]:
+def type_of(f) -> tuple[str, bool]:
     """('int' | 'float' | 'bool' | 'str', optional?) from the annotation string."""
     kind = f.type if isinstance(f.type, str) else f.type.__name__
     return kind.replace(" | None", ""), "None" in kind
@@ -97,7 +103,7 @@ def _type_of(f) -> tuple[str, bool]:
 
 def parse_value(f, raw: Any) -> Any:
     """Coerce `raw` (YAML value or string from a flag / env / REPL) to the field's type."""
-    base, optional = _type_of(f)
+    base, optional = type_of(f)
     if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in _NONE):
         if optional:
             return None
@@ -127,7 +133,7 @@ def _check_field(f, value: Any) -> None:
     meta = f.metadata
     if value is None:
         return
-    base, _ = _type_of(f)
+    base, _ = type_of(f)
     ok = {"int": isinstance(value, int) and not isinstance(value, bool),
           "float": isinstance(value, (int, float)) and not isinstance(value, bool),
           "bool": isinstance(value, bool), "str": isinstance(value, str)}[base]

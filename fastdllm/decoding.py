@@ -1,13 +1,8 @@
 """Decoding rules as pure tensor functions, vectorised over the batch.
 
-Every rule answers one question per row: how many of the candidate positions to commit this step.
-The committed positions are then always the most confident ones, so the three rules share one
-selection mechanism:
-
-- fixed:     n from LLaDA's schedule (`fixed_schedule`), the baseline;
-- threshold: n = number of candidates with confidence >= tau (inclusive), at least 1;
-- factor:    n = the largest n with (n+1) * (1 - c_n) < f over the sorted confidences, at least 1
-             (the paper's Theorem 1 rule).
+Every rule (the table in rules.py: fixed, threshold, factor) answers one question per row: how
+many of the candidate positions to commit this step, at least one. The committed positions are
+then always the most confident ones, so every rule shares one selection mechanism (`select`).
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .config import DecodeConfig
+from .rules import RULES
 
 
 def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: torch.Tensor,
@@ -58,22 +54,17 @@ def fixed_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
 
 def commit_counts(sorted_conf: torch.Tensor, candidates: torch.Tensor, cfg: DecodeConfig,
                   scheduled: torch.Tensor | None = None) -> torch.Tensor:
-    """How many to commit per row. sorted_conf (B, K) descending, non-candidates at -inf;
-    candidates (B,) their number; scheduled (B,) the fixed rule's counts."""
-    if cfg.rule == "threshold":
-        n = (sorted_conf >= cfg.threshold).sum(-1)
-    elif cfg.rule == "factor":
-        rank = torch.arange(1, sorted_conf.shape[-1] + 1, device=sorted_conf.device)
-        ok = (rank + 1) * (1 - sorted_conf) < cfg.factor          # monotone in rank: a prefix
-        n = ok.long().cumprod(-1).sum(-1)
-    else:
-        n = scheduled
+    """How many to commit per row (the rule's count, rules.py). sorted_conf (B, K) descending,
+    non-candidates at -inf; candidates (B,) their number; scheduled (B,) the fixed schedule's counts."""
+    n = RULES[cfg.rule].count(sorted_conf, cfg, scheduled)
     return torch.minimum(n.clamp_min(1), candidates)   # at least the best one; never beyond candidates
 
 
 def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
            scheduled: torch.Tensor | None = None) -> torch.Tensor:
     """confidence, candidate (B, K) -> (B, K) bool: the n most confident candidates of each row."""
+    if RULES[cfg.rule].by_position:        # candidates come in position order: rank by index
+        confidence = -torch.arange(confidence.shape[-1], device=confidence.device, dtype=confidence.dtype).expand_as(confidence)
     conf = confidence.masked_fill(~candidate, float("-inf"))
     sorted_conf, order = conf.sort(dim=-1, descending=True, stable=True)
     n = commit_counts(sorted_conf, candidate.sum(-1), cfg, scheduled)

@@ -3,12 +3,7 @@
 `generate` is a generator of typed events (StepEvent per forward, BlockEvent per finished block)
 ending with a Result. It knows nothing about terminals; the CLI view, chat and bench consume it.
 
-Per step the span to recompute is the cache mode's choice:
-
-    mode     first step of a block (and every refresh_every steps)   other steps
-    none     [0, T)                                                   [0, T)
-    prefix   [0, T)                                                   [block_start, T)
-    dual     [0, T)                                                   [block_start, block_end)
+Per step the span to recompute is the cache mode's choice (cache_modes.py).
 
 Logits are asked for only at the block's still-masked positions (on a GPU, where CUDA graphs
 need static shapes, at every position of the block; see graphs.py). The engine keeps a host copy of
@@ -20,153 +15,120 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
+from .cache_modes import CACHE_MODES, span_for
+from .canvas import answer_ended, generated, plan
 from .config import DecodeConfig
 from .decoding import fixed_schedule, predict, select
-from .errors import UserError
+from .events import BlockEvent, Event, Result, StepEvent
 from .graphs import SpanForward
-from .loading import LoadedModel
+
+if TYPE_CHECKING:
+    from .loading import SpecialTokens
 
 
 @dataclass(frozen=True)
-class StepEvent:
-    block: int
-    step: int                   # step inside the block
-    nfe: int                    # forwards so far, this one included
-    span: tuple[int, int]       # canvas span recomputed (a full refresh when it starts at 0)
-    positions: torch.Tensor     # (B, K) generation-relative positions that were candidates
-    tokens: torch.Tensor        # (B, K) predicted tokens
-    confidences: torch.Tensor   # (B, K)
-    committed: torch.Tensor     # (B, K) bool: the candidates committed this step
-
-
-@dataclass(frozen=True)
-class BlockEvent:
-    block: int
-    start: int                  # generation-relative [start, end)
-    end: int
-    tokens: torch.Tensor        # (B, block_len) the finished block
-    ended: torch.Tensor         # (B,) bool: the answer has ended in this block or before
-
-
-@dataclass
-class Result:
-    ids: list[list[int]]        # per row: the answer, up to (not including) its end token
-    texts: list[str]
-    canvas: torch.Tensor        # (B, gen_len) everything decoded (mask ids where early stop skipped)
-    prompt_tokens: list[int]
-    nfe: int
-    committed: int              # positions committed, all rows
-    blocks_decoded: int
-    early_stopped: bool
-    seconds_first_step: float
-    seconds_total: float
-    seconds_load: float
-    peak_memory_bytes: int
-    peak_memory_kind: str       # "cuda allocated" or "process RSS"
-    cache_bytes: int
-    config: DecodeConfig
-    batch: int = field(default=1)
+class Decoder:
+    """What the engine decodes with: the model, its special tokens, a detokenizer and the context
+    length (a LoadedModel gives one: `lm.decoder`). Nothing about files, placement or load time."""
+    model: torch.nn.Module
+    specials: "SpecialTokens"
+    detokenize: Callable[[list[int]], str]
+    context_length: int
 
     @property
-    def generated_tokens(self) -> int:
-        return sum(len(ids) for ids in self.ids)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.committed / max(self.nfe * self.batch, 1)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.seconds_total if self.seconds_total > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        """The figures of this run as plain data (row lists when batched)."""
-        one = self.batch == 1
-        return {
-            "text": self.texts[0] if one else self.texts, "ids": self.ids[0] if one else self.ids,
-            "prompt_tokens": self.prompt_tokens[0] if one else self.prompt_tokens,
-            "generated_tokens": self.generated_tokens, "nfe": self.nfe,
-            "tokens_per_forward": round(self.tokens_per_forward, 4),
-            "tokens_per_second": round(self.tokens_per_second, 3),
-            "timings": {"load_s": round(self.seconds_load, 4), "first_step_s": round(self.seconds_first_step, 4),
-                        "total_s": round(self.seconds_total, 4)},
-            "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_kind": self.peak_memory_kind,
-            "cache_bytes": self.cache_bytes, "early_stopped": self.early_stopped,
-            "blocks_decoded": self.blocks_decoded, "config": self.config.to_dict(),
-        }
+    def device(self) -> torch.device:
+        return self.model.input_device
 
 
-Event = Union[StepEvent, BlockEvent, Result]
 
 
-def generate(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> Iterator[Event]:
-    """Decode `prompts` (token id lists, any lengths: left-padded into one batch) under `cfg`."""
-    model, specials = lm.model, lm.specials
-    device = lm.device
-    P, T = _check_lengths(lm, prompts, cfg)
-    B = len(prompts)
+def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig) -> Iterator[Event]:
+    """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`."""
+    model, specials = decoder.model, decoder.specials
+    device = decoder.device
+    causal = model.attention.kind == "block-causal"
+    canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=causal,
+                  context_length=decoder.context_length)
+    host, B, T = canvas.host, len(prompts), canvas.length
     _reset_peak_memory(device)
     started = time.perf_counter()
 
-    host = torch.full((B, T), specials.mask, dtype=torch.long)      # (B, T) host copy of the canvas
-    valid = torch.ones((B, T), dtype=torch.bool)
-    for row, ids in enumerate(prompts):                             # left padding
-        host[row, :P - len(ids)] = specials.pad
-        host[row, P - len(ids):P] = torch.tensor(ids)
-        valid[row, :P - len(ids)] = False
-    canvas = host.to(device)
-    cache = model.new_cache(valid.to(device), keep_kv=cfg.cache != "none")
-    forward = SpanForward.for_model(lm, canvas, cache)
+    cache = model.new_cache(canvas.valid.to(device), keep_kv=causal or CACHE_MODES[cfg.cache].keeps_kv,
+                            block=cfg.block_len if causal else None)
+    forward = SpanForward.for_model(model, host.to(device), cache, widen=not causal)
     banned = torch.tensor([specials.mask], device=device)
     stops = torch.tensor(specials.stops)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    starts = torch.tensor(canvas.starts)[:, None]
+    rel = lambda positions: positions - starts                       # noqa: E731  generation-relative
 
     nfe = committed = blocks_done = 0
     first_step = None
-    for block in range(cfg.num_blocks):
-        s, e = P + block * cfg.block_len, P + (block + 1) * cfg.block_len
-        schedule = fixed_schedule((host[:, s:e] == specials.mask).sum(1), cfg.steps_per_block)
+    stopped = False
+
+    def store(s: int, e: int, block: int) -> StepEvent:
+        """A block-causal store pass over the finished span [s, e), as a step (step -1) of `block`."""
+        nonlocal nfe, committed
+        with torch.inference_mode():
+            at, tokens, chosen = _complete_block(forward, model, host, s, e, specials.mask)
+        nfe, committed = nfe + 1, committed + int(chosen.sum())
+        return StepEvent(block, -1, nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
+
+    if canvas.prefill:                                              # the shortest prompt's whole blocks
+        yield store(0, canvas.prefill, 0)
+    for block, (s, e) in enumerate(canvas.blocks):
+        if causal and cfg.early_stop and bool(answer_ended(canvas, stops, specials.mask).all()):
+            break                                                   # a store pass committed the stop
+        counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
+        schedule = fixed_schedule(counted, cfg.steps_per_block)
         step = 0
         while bool((block_masked := host[:, s:e] == specials.mask).any()):
-            span = _span(cfg, step, s, e, T)
+            candidates, sub = sub_block(block_masked, cfg.sub_block_len, s, host, specials.mask)
+            span = span_for(cfg, step, s, e, T, causal=causal, sub=sub)
             scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
             with torch.inference_mode():
                 positions, tokens, conf, chosen = _decode_step(
-                    forward, span, block_masked, s, scheduled, cfg, banned, generator)
+                    forward, span, candidates, s, scheduled, cfg, banned, generator)
             host.scatter_(1, positions, torch.where(chosen, tokens, host.gather(1, positions)))
             nfe += 1
             committed += int(chosen.sum())
             if first_step is None:
                 first_step = time.perf_counter() - started
-            yield StepEvent(block, step, nfe, span, positions - P, tokens, conf, chosen)
+            yield StepEvent(block, step, nfe, span, rel(positions), tokens, conf, chosen)
             step += 1
+            if causal and cfg.early_stop and bool(answer_ended(canvas, stops, specials.mask).all()):
+                stopped = True                                      # nothing before the stops can change
+                break
         blocks_done += 1
-        ended = torch.isin(host[:, P:e], stops).any(1)
-        yield BlockEvent(block, s - P, e - P, host[:, s:e].clone(), ended.clone())
-        if cfg.early_stop and bool(ended.all()):
+        ended = answer_ended(canvas, stops, specials.mask) if causal else torch.isin(host[:, canvas.starts[0]:e], stops).any(1)
+        first = max(s, canvas.starts[0])
+        yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), ended.clone())
+        if stopped or (cfg.early_stop and bool(ended.all())) or block == len(canvas.blocks) - 1:
             break
+        if causal:                                                  # store the finished block's K/V
+            yield store(s, e, block + 1)
 
     total = time.perf_counter() - started
-    generated = host[:, P:]
-    answers = [_answer(row, stops, specials.mask) for row in generated]
+    region = generated(canvas, specials.mask)
+    answers = [_answer(row, stops, specials.mask) for row in region]
     peak, kind = _peak_memory(device)
     yield Result(
-        ids=answers, texts=[lm.tokenizer.decode(a, skip_special_tokens=True) for a in answers],
-        canvas=generated, prompt_tokens=[len(p) for p in prompts], nfe=nfe, committed=committed,
-        blocks_decoded=blocks_done, early_stopped=blocks_done < cfg.num_blocks,
-        seconds_first_step=first_step or 0.0, seconds_total=total, seconds_load=lm.load_seconds,
+        ids=answers, texts=[decoder.detokenize(a) for a in answers],
+        canvas=region, prompt_tokens=[len(p) for p in prompts], nfe=nfe, committed=committed,
+        blocks_decoded=blocks_done, early_stopped=blocks_done < len(canvas.blocks),
+        seconds_first_step=first_step or 0.0, seconds_total=total,
         peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=cache.nbytes, config=cfg, batch=B)
 
 
-def run(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig,
+def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
         on_event: Callable[[StepEvent | BlockEvent], None] | None = None) -> Result:
     """Drain `generate`, passing step and block events to `on_event`; return the Result."""
-    for event in generate(lm, prompts, cfg):
+    for event in generate(decoder, prompts, cfg):
         if isinstance(event, Result):
             return event
         if on_event is not None:
@@ -175,7 +137,7 @@ def run(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig,
 
 
 def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator):
-    """One forward and one decision. block_masked (B, L) is the host mask of the active block."""
+    """One forward and one decision. block_masked (B, L): the active block's candidate positions."""
     canvas = forward.canvas
     device = canvas.device
     K = block_masked.shape[1] if forward.full_block else int(block_masked.sum(1).max())
@@ -194,22 +156,37 @@ def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ba
     return positions, packed[0].long(), packed[1], packed[2].bool()
 
 
-def _span(cfg: DecodeConfig, step: int, s: int, e: int, T: int) -> tuple[int, int]:
-    refresh = step == 0 or cfg.cache == "none" or (cfg.refresh_every and step % cfg.refresh_every == 0)
-    if refresh:
-        return 0, T
-    return (s, T) if cfg.cache == "prefix" else (s, e)
+def _complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: int, mask: int):
+    """Block-causal: run the finished span [s, e) once more so that its keys/values are stored as
+    final. A shifted family (Fast-dLLM v2) also reads the next block's first token from it, greedily
+    (never the mask id), where that position is still masked. Returns positions, tokens (B, 1) and
+    committed (B, 1) bool."""
+    B, T = host.shape
+    wanted = bool(model.logit_shift) and e < T
+    at = torch.full((B, 1), e if wanted else e - 1)                 # logits: the next block's first slot
+    logits = forward((s, e), at.to(forward.canvas.device))
+    tokens = logits.index_fill(-1, torch.tensor([mask], device=logits.device), float("-inf")).argmax(-1).cpu()
+    chosen = (host.gather(1, at) == mask) & wanted                  # (B, 1)
+    host.scatter_(1, at, torch.where(chosen, tokens, host.gather(1, at)))
+    device = forward.canvas.device
+    forward.canvas.scatter_(1, at.to(device), host.gather(1, at).to(device))
+    return at, tokens, chosen
 
 
-def _check_lengths(lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig) -> tuple[int, int]:
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("empty prompt: give at least one token of input")
-    P = max(len(p) for p in prompts)
-    T = P + cfg.gen_len
-    if T > lm.context_length:
-        raise UserError(f"prompt ({P} tokens) + gen_len ({cfg.gen_len}) = {T} exceeds the model's "
-                        f"context of {lm.context_length} tokens")
-    return P, T
+def sub_block(block_masked: torch.Tensor, sub_len: int | None, s: int, host: torch.Tensor, mask: int):
+    """Candidates restricted to each row's first sub-block that still has masks (Fast-dLLM v2), and
+    the span of that sub-block when every row is in the same one and its first token is committed
+    (then its forward can reuse the rest of the block, the DualCache of sub-blocks); else None."""
+    B, L = block_masked.shape
+    if sub_len is None or sub_len >= L:
+        return block_masked, None
+    grouped = block_masked.view(B, L // sub_len, sub_len)
+    current = grouped.any(-1).float().argmax(-1)                                   # (B,) first with a mask
+    keep = torch.arange(L // sub_len)[None, :] == current[:, None]
+    candidates = (grouped & keep[..., None]).view(B, L)
+    a = s + int(current[0]) * sub_len
+    same = bool((current == current[0]).all()) and bool((host[:, a] != mask).all())
+    return candidates, (a, a + sub_len) if same else None
 
 
 def _answer(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:

@@ -27,8 +27,9 @@ from .cache import CanvasCache
 
 
 class SpanForward:
-    def __init__(self, model, canvas: torch.Tensor, cache: CanvasCache, *, graphs: bool, full_block: bool):
-        self.model, self.canvas, self.cache = model, canvas, cache
+    def __init__(self, model, canvas: torch.Tensor, cache: CanvasCache, *, graphs: bool, full_block: bool,
+                 widen: bool = True):
+        self.model, self.canvas, self.cache, self.widen = model, canvas, cache, widen
         self.graphs = graphs
         self.full_block = full_block or graphs   # static candidate count: every position of the block
         self.previous = None                     # (span, positions shape) of the last forward
@@ -36,8 +37,8 @@ class SpanForward:
         self.captures = self.replays = 0
 
     @classmethod
-    def for_model(cls, lm, canvas: torch.Tensor, cache: CanvasCache) -> "SpanForward":
-        return cls(lm.model, canvas, cache, graphs=graphs_possible(lm), full_block=False)
+    def for_model(cls, model, canvas: torch.Tensor, cache: CanvasCache, widen: bool = True) -> "SpanForward":
+        return cls(model, canvas, cache, graphs=graphs_possible(model), full_block=False, widen=widen)
 
     def __call__(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, K, V) at canvas `positions` (B, K) after recomputing `span`."""
@@ -55,7 +56,7 @@ class SpanForward:
         return self._capture(key, positions)
 
     def _eager(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
-        return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions)
+        return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions, self.widen)
 
     def _capture(self, key, positions: torch.Tensor) -> torch.Tensor:
         self.graph = self.graph_key = self.logits = None       # free the previous graph and its pool
@@ -81,9 +82,9 @@ class SpanForward:
         return logits
 
 
-def graphs_possible(lm) -> bool:
+def graphs_possible(model) -> bool:
     """One CUDA device holds every weight (offloaded weights sit on 'meta'), none quantized."""
-    if os.environ.get("FASTDLLM_CUDA_GRAPHS", "1") == "0" or lm.quantize != "none":
+    if os.environ.get("FASTDLLM_CUDA_GRAPHS", "1") == "0" or getattr(model, "is_quantized", False):
         return False
-    devices = {p.device for p in lm.model.parameters()}
+    devices = {p.device for p in model.parameters()}
     return len(devices) == 1 and next(iter(devices)).type == "cuda"

@@ -48,6 +48,16 @@ class LoadedModel:
         return self.model.input_device
 
     @property
+    def decoder(self):
+        """What the engine needs of this model (engine.Decoder)."""
+        from .engine import Decoder
+
+        return Decoder(self.model, self.specials, self.detokenize, self.context_length)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
@@ -81,12 +91,13 @@ def read_config(path: Path) -> dict:
 
 
 def family_of(config: dict, path: Path):
-    from .models import FAMILIES
+    from .models import FAMILIES, NOT_YET
 
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         known = ", ".join(FAMILIES)
-        raise UserError(f"unsupported model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
+        what = f"{NOT_YET[model_type]} is not supported yet: " if model_type in NOT_YET else "unsupported "
+        raise UserError(f"{what}model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
     config_cls, model_cls, architectures = FAMILIES[model_type]
     declared = config.get("architectures") or list(architectures)
     if not set(declared) & set(architectures):
@@ -112,7 +123,9 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     _check_weights(path)
     tokenizer = load_tokenizer(path)
     torch_dtype, device_map = _placement(dtype, device)
-    kwargs = {"dtype": torch_dtype, "device_map": device_map}
+    # our modules compute attention themselves: a config's attn_implementation (SDAR's published
+    # configs name flex_attention) is not transformers' business here
+    kwargs = {"dtype": torch_dtype, "device_map": device_map, "attn_implementation": "eager"}
     if quantize != "none":
         kwargs["quantization_config"] = _quantization(quantize, torch_dtype)
     from safetensors import SafetensorError
@@ -122,7 +135,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         model.prepare_for_inference(pack=pack_weights)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
-    specials = special_tokens(raw, tokenizer, path)
+    specials = special_tokens(raw, tokenizer, path, model_cls.mask_tokens)
     loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
                          torch_dtype, quantize, time.perf_counter() - start)
     loaded.info = describe(loaded)
@@ -168,10 +181,21 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def special_tokens(config: dict, tokenizer, path: Path) -> SpecialTokens:
+def mask_from_tokenizer(tokenizer, spellings: tuple[str, ...]) -> int | None:
+    """The tokenizer's mask_token, else the first of the family's spellings it knows."""
+    vocab = tokenizer.get_vocab()
+    for token in (getattr(tokenizer, "mask_token", None), *spellings):
+        if token is not None and token in vocab:
+            return vocab[token]
+    return None
+
+
+def special_tokens(config: dict, tokenizer, path: Path, mask_tokens: tuple[str, ...] = ()) -> SpecialTokens:
     mask = config.get("mask_token_id")
     if not isinstance(mask, int):
-        raise UserError(f"{path / 'config.json'} has no mask_token_id")
+        mask = mask_from_tokenizer(tokenizer, mask_tokens)
+    if not isinstance(mask, int):
+        raise UserError(f"{path / 'config.json'} has no mask_token_id and the tokenizer no mask token")
     eos = _ids(config.get("eos_token_id")) or _ids(tokenizer.eos_token_id)
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
@@ -244,12 +268,13 @@ def _quantization(quantize: str, compute_dtype: torch.dtype):
 def describe(loaded: LoadedModel) -> dict:
     model = loaded.model
     params = sum(p.numel() for p in model.parameters())
-    return {"path": str(loaded.path), "family": loaded.family, "parameters": params,
+    return {"path": str(loaded.path), "family": loaded.family, "attention": str(model.attention), "parameters": params,
             "dtype": str(loaded.dtype).replace("torch.", ""), "quantize": loaded.quantize,
             "device": str(loaded.device), "context_length": loaded.context_length,
             "mask_id": loaded.specials.mask, "stop_ids": list(loaded.specials.stops),
             "chat_template": loaded.has_chat_template,
-            "weights_bytes": model.get_memory_footprint(), **cpu_details(loaded)}
+            "weights_bytes": model.get_memory_footprint(), "load_seconds": round(loaded.load_seconds, 4),
+            **cpu_details(loaded)}
 
 
 def cpu_details(loaded: LoadedModel) -> dict:

@@ -1,8 +1,9 @@
 """Decoding profiles: YAML files whose keys are DecodeConfig field names (plus `description`).
 
 Resolution order, last wins: built-in defaults < model defaults < profile < FASTDLLM_* environment
-< command-line flags. Model defaults are the `fastdllm` section of a checkpoint's
-generation_config.json (our built-in model carries one; published checkpoints have none).
+< command-line flags. Model defaults are the family's own (family_defaults.py: block size and rule of
+the block-diffusion families), then the `fastdllm` section of a checkpoint's generation_config.json
+(our built-in model carries one; published checkpoints have none).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 
 from .config import ConfigError, DecodeConfig
 from .errors import UsageError
+from .family_defaults import decode_defaults, default_profile
 
 ENV_PREFIX = "FASTDLLM_"
 
@@ -95,13 +97,26 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def model_defaults(model_dir: Path | None) -> dict[str, Any]:
-    if model_dir is None or not (model_dir / "generation_config.json").is_file():
+    """The family's decoding defaults (family_defaults.py), then the `fastdllm` section of the
+    checkpoint's generation_config.json (our built-in model has one)."""
+    if model_dir is None:
         return {}
+    defaults = decode_defaults(_json(model_dir / "config.json"))
+    section = _json(model_dir / "generation_config.json").get("fastdllm", {})
+    return {**defaults, **(section if isinstance(section, dict) else {})}
+
+
+def default_profile_for(model_dir: Path | None) -> str:
+    """The profile a run uses when none is named: the family's own (SDAR, Fast-dLLM v2), else 'default'."""
+    return default_profile(_json(model_dir / "config.json")) if model_dir is not None else "default"
+
+
+def _json(path: Path) -> dict:
     try:
-        section = json.loads((model_dir / "generation_config.json").read_text()).get("fastdllm", {})
-    except (OSError, ValueError, AttributeError):
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
         return {}
-    return section if isinstance(section, dict) else {}
+    return data if isinstance(data, dict) else {}
 
 
 def resolve(profile: Profile | None, flags: dict[str, Any], model_dir: Path | None = None,

@@ -15,9 +15,9 @@ import torch
 from .models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from .training import tokenizer as bpe
 
-# The real non-weight files of the published checkpoints, as kept in a source checkout
-# (tests/fixtures/hf); pass `fixtures=` when running from an installed package.
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
+# The real non-weight files of the published checkpoints (configs, tokenizers), shipped with the
+# package so that tiny checkpoints can be written from an installed fastdllm too.
+FIXTURES = Path(__file__).resolve().parent / "published"
 
 
 def write_llada(out: Path, *, d_model=64, n_layers=2, n_heads=4, n_kv_heads=None, mlp_hidden_size=128,

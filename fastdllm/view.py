@@ -37,9 +37,11 @@ class LiveCanvas:
     the latest commits coloured by confidence, a one-line summary of what is still masked."""
 
     def __init__(self, console: Console, tokenizer, header: str, gen_len: int, block_len: int,
-                 stops: tuple[int, ...], fps: float = 10.0):
+                 stops: tuple[int, ...], fps: float = 10.0, offset: int = 0):
+        """gen_len: positions generated; offset: how far the first block starts before them
+        (block-causal families: the prompt's tail shares the first block; canvas.geometry)."""
         self.console, self.pieces, self.header = console, Pieces(tokenizer), header
-        self.gen_len, self.block_len, self.stops = gen_len, block_len, set(stops)
+        self.gen_len, self.block_len, self.stops, self.offset = gen_len, block_len, set(stops), offset
         self.tokens: list[int | None] = [None] * gen_len
         self.latest: dict[int, float] = {}           # position -> confidence of the latest step
         self.finished = Text()                       # text of finished blocks, built once
@@ -92,9 +94,9 @@ class LiveCanvas:
                 cut = body.plain.rfind("\n", 0, cut)
             body = body[cut + 1:]
         body = body.copy()
-        start = self.block * self.block_len
-        if start < self.gen_len and not self.ended:
-            for p in range(start, start + self.block_len):
+        start = self.block * self.block_len - self.offset
+        if start + self.block_len > 0 and start < self.gen_len and not self.ended:
+            for p in range(max(start, 0), min(start + self.block_len, self.gen_len)):
                 t = self.tokens[p]
                 if t is None:
                     body.append(MASK_GLYPH, style="dim on grey15")
@@ -106,7 +108,7 @@ class LiveCanvas:
             if rest > 0:
                 body.append(f" ··· {rest} masked", style="dim")
         elapsed = time.perf_counter() - self.started
-        blocks = self.gen_len // self.block_len
+        blocks = -(-(self.gen_len + self.offset) // self.block_len)
         footer = Text(f"block {min(self.block + 1, blocks)}/{blocks} · step {self.step + 1} · NFE {self.nfe} · "
                       f"{self.committed / max(self.nfe, 1):.2f} tok/fwd · {elapsed:.1f}s · "
                       f"{self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
@@ -165,7 +167,7 @@ def stats_line(result: Result) -> str:
 def stats_block(result: Result, info: dict, view_overhead: float | None = None) -> str:
     cfg = result.config
     rows = [
-        ("load time", f"{result.seconds_load:.2f} s"),
+        ("load time", f"{info.get('load_seconds', 0.0):.2f} s"),
         ("first step", f"{result.seconds_first_step * 1000:.0f} ms (full-canvas forward)"),
         ("decode time", f"{result.seconds_total:.2f} s"),
         ("prompt tokens", str(sum(result.prompt_tokens))),

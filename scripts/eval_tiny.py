@@ -80,7 +80,7 @@ def evaluate(model_dir: Path, n: int | None, block_len: int | None = None) -> di
     examples = []
     for prompt in prompts:
         ids = lm.encode(prompt, chat=False)
-        results = {name: run(lm, [ids], cfg) for name, cfg in configs.items()}
+        results = {name: run(lm.decoder, [ids], cfg) for name, cfg in configs.items()}
         for name, r in results.items():
             s = stats[name]
             s["nfe"] += r.nfe

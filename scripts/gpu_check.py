@@ -26,20 +26,20 @@ from fastdllm.engine import Result, StepEvent, generate  # noqa: E402
 from fastdllm.graphs import SpanForward  # noqa: E402
 from fastdllm.tiny_random import write_dream, write_llada  # noqa: E402
 
-FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+FIXTURES = ROOT / "fastdllm" / "published"
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please."]
 
 
 def decode(lm, prompts, cfg, graphs: bool):
     made = []
 
-    def factory(cls, lm, canvas, cache):
-        made.append(cls(lm.model, canvas, cache, graphs=graphs, full_block=True))
+    def factory(cls, model, canvas, cache, widen=True):
+        made.append(cls(model, canvas, cache, graphs=graphs, full_block=True, widen=widen))
         return made[-1]
 
     engine.SpanForward.for_model = classmethod(factory)
     steps, result = [], None
-    for e in generate(lm, prompts, cfg):
+    for e in generate(lm.decoder, prompts, cfg):
         if isinstance(e, StepEvent):
             steps.append((e.block, e.step, e.positions[e.committed].tolist(), e.tokens[e.committed].tolist()))
         elif isinstance(e, Result):

@@ -13,7 +13,6 @@ per-step transfer already does that).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -25,7 +24,7 @@ import torch
 from fastdllm import loading
 from fastdllm.config import DecodeConfig
 from fastdllm.engine import run
-from fastdllm.models import LLaDAConfig, LLaDAModelLM
+from fastdllm.models import FAMILIES
 from fastdllm.tiny_random import FIXTURES, write_llada
 
 
@@ -36,20 +35,26 @@ def build_in_memory(args, tmp: Path) -> loading.LoadedModel:
     path = write_llada(tmp / "m", d_model=64, n_layers=1, n_heads=4, mlp_hidden_size=128, vocab_size=args.vocab,
                        fixtures=args.fixtures, max_sequence_length=8192)
     lm = loading.load(path, dtype=args.dtype, device=args.device)
-    raw = json.loads((path / "config.json").read_text())
-    raw.update(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.heads,
-               mlp_hidden_size=args.mlp)
+    return in_memory(lm, "llada", dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                                       n_kv_heads=args.heads, mlp_hidden_size=args.mlp))
+
+
+def in_memory(lm: loading.LoadedModel, family_type: str, overrides: dict) -> loading.LoadedModel:
+    """Swap `lm`'s model for a random one (std 0.02) of its family with `overrides` on its config,
+    built on its device and dtype."""
+    config_cls, model_cls, _ = FAMILIES[family_type]
+    config = config_cls.from_dict({**lm.model.config.to_dict(), **overrides})
     torch.manual_seed(0)
-    default_dtype = torch.get_default_dtype()
+    default = torch.get_default_dtype()
     torch.set_default_dtype(lm.dtype)
     try:
         with torch.device(lm.device), torch.no_grad():
-            model = LLaDAModelLM(LLaDAConfig.from_dict(raw)).eval()
+            model = model_cls(config).eval()
             for p in model.parameters():
                 if p.ndim == 2:
                     p.normal_(0.0, 0.02)
     finally:
-        torch.set_default_dtype(default_dtype)
+        torch.set_default_dtype(default)
     model.prepare_for_inference()
     lm.model = model
     lm.info = loading.describe(lm)
@@ -100,10 +105,10 @@ def main() -> None:
         for mode, graphs in ((m, g) for m in args.modes.split(",") for g in args.graphs.split(",")):
             os.environ["FASTDLLM_CUDA_GRAPHS"] = "1" if graphs == "on" else "0"
             cfg = DecodeConfig(gen_len=gen_len, block_len=args.block_len, cache=mode, rule="fixed", early_stop=False)
-            run(lm, [prompt], DecodeConfig(gen_len=args.block_len * 2, block_len=args.block_len, cache=mode,
+            run(lm.decoder, [prompt], DecodeConfig(gen_len=args.block_len * 2, block_len=args.block_len, cache=mode,
                                           rule="fixed", early_stop=False))   # warm-up
             start = time.perf_counter()
-            result = run(lm, [prompt], cfg)
+            result = run(lm.decoder, [prompt], cfg)
             total = time.perf_counter() - start
             label = f"{mode}, graphs {graphs}" if lm.device.type == "cuda" else mode
             print(f"gen_len {gen_len:5d}  {label:17s}  NFE {result.nfe:5d}  {1000 * total / result.nfe:8.2f} ms/step  "

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pathlib import Path
 
 from fastdllm import loading
-from fastdllm.tiny_random import write_dream, write_llada
-
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"   # real published non-weight files
+from fastdllm.tiny_random import FIXTURES, write_dream, write_llada   # FIXTURES: real published non-weight files
 
 # Sharper-than-usual random weights: varied tokens and confidences (median ~0.7), so that the
 # threshold and factor rules commit several tokens in some steps and one in others.

@@ -70,7 +70,7 @@ def test_configs_and_profile_rows():
 
 
 def test_invalid_combination_is_one_line_before_running():
-    with pytest.raises(UsageError, match="baseline at gen_len 48, block_len 32: gen_len 48 is not a multiple"):
+    with pytest.raises(UsageError, match="baseline at gen_len 48: gen_len 48 is not a multiple of block_len 32"):
         expand(pick_rows(["baseline"]), Sweep(gen_len=(48,)), environ=NO_ENV)
 
 

@@ -38,7 +38,7 @@ def test_shipped_in_llada_format(builtin):
 def test_greedy_generation_is_deterministic(builtin):
     cfg = DecodeConfig(gen_len=64, block_len=32, cache="dual", threshold=0.9)
     ids = builtin.encode(PROMPT, chat=False)
-    first, second = run(builtin, [ids], cfg), run(builtin, [ids], cfg)
+    first, second = run(builtin.decoder, [ids], cfg), run(builtin.decoder, [ids], cfg)
     assert first.canvas.tolist() == second.canvas.tolist()
     assert first.ids[0][:len(EXPECTED_START)] == EXPECTED_START
 

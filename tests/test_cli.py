@@ -75,7 +75,7 @@ def test_pipe_streams_block_by_block(llada64):
     out.blocks_seen = 0
     streamer = BlockStreamer(out, llada64.tokenizer, ())          # no end token: every block streams
     prompt = llada64.encode("Hello there", chat=True)
-    for event in generate(llada64, [prompt], DecodeConfig(gen_len=32, block_len=8, early_stop=False)):
+    for event in generate(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, early_stop=False)):
         if isinstance(event, BlockEvent):
             out.blocks_seen += 1
             streamer.update(event)
@@ -99,7 +99,7 @@ def test_live_view_renders_placeholders_highlights_and_footer(llada64):
     prompt = llada64.encode("Hello there", chat=True)
     cfg = DecodeConfig(gen_len=32, block_len=16, threshold=0.6, early_stop=False)
     with view:
-        for event in generate(llada64, [prompt], cfg):
+        for event in generate(llada64.decoder, [prompt], cfg):
             if isinstance(event, StepEvent):
                 view.update(event)
                 if event.block == 1 and event.step == 1:

@@ -19,33 +19,33 @@ def test_batch_rows_equal_single_runs(family, cache, request):
     prompts = [lm.encode(p, chat=True) for p in PROMPTS]
     assert len({len(p) for p in prompts}) == 3                     # three different lengths
     cfg = DecodeConfig(gen_len=24, block_len=8, cache=cache, rule="threshold", threshold=0.7, early_stop=False)
-    batch = run(lm, prompts, cfg)
+    batch = run(lm.decoder, prompts, cfg)
     for row, prompt in enumerate(prompts):
-        alone = run(lm, [prompt], cfg)
+        alone = run(lm.decoder, [prompt], cfg)
         assert batch.canvas[row].tolist() == alone.canvas[0].tolist()
 
 
 def test_vanilla_takes_gen_len_forwards_and_threshold_never_more(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
-    vanilla = run(llada64, [prompt], DecodeConfig(gen_len=32, block_len=8, cache="none", rule="fixed", early_stop=False))
+    vanilla = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, cache="none", rule="fixed", early_stop=False))
     assert vanilla.nfe == 32 and vanilla.committed == 32
     assert vanilla.tokens_per_forward == 1.0
     for cache in ("none", "prefix", "dual"):
         for tau in (0.5, 0.9, 1.0):
-            fast = run(llada64, [prompt], DecodeConfig(gen_len=32, block_len=8, cache=cache, threshold=tau, early_stop=False))
+            fast = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, cache=cache, threshold=tau, early_stop=False))
             assert fast.nfe <= vanilla.nfe
             assert fast.committed == 32
 
 
 def test_fixed_rule_nfe_equals_steps(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
-    r = run(llada64, [prompt], DecodeConfig(gen_len=32, block_len=8, rule="fixed", steps=8, early_stop=False))
+    r = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, rule="fixed", steps=8, early_stop=False))
     assert r.nfe == 8 and r.tokens_per_forward == 4.0
 
 
 def test_events_cover_every_step_and_block(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
-    events = list(generate(llada64, [prompt], DecodeConfig(gen_len=32, block_len=8, early_stop=False)))
+    events = list(generate(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, early_stop=False)))
     steps = [e for e in events if isinstance(e, StepEvent)]
     blocks = [e for e in events if isinstance(e, BlockEvent)]
     result = events[-1]
@@ -63,7 +63,7 @@ def test_events_cover_every_step_and_block(llada64):
 def test_refresh_every_adds_full_forwards(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
     cfg = DecodeConfig(gen_len=16, block_len=8, rule="fixed", refresh_every=2, early_stop=False)
-    spans = [e.span for e in generate(llada64, [prompt], cfg) if isinstance(e, StepEvent)]
+    spans = [e.span for e in generate(llada64.decoder, [prompt], cfg) if isinstance(e, StepEvent)]
     full = [i % 8 for i, span in enumerate(spans) if span[0] == 0]
     assert full == [0, 2, 4, 6, 0, 2, 4, 6]
 
@@ -73,14 +73,14 @@ def test_early_stop_and_answer_counting(llada64):
     first block by running with a stop id the model predicts everywhere."""
     prompt = llada64.encode("Count to ten.", chat=True)
     cfg = DecodeConfig(gen_len=32, block_len=8, rule="fixed", early_stop=False)
-    full = run(llada64, [prompt], cfg)
+    full = run(llada64.decoder, [prompt], cfg)
     first_block = full.canvas[0, :8].tolist()
     stop_token = first_block[3]
     specials = llada64.specials
     try:  # declare a token of the first block an end token, as an EOS would be
         llada64.specials = type(specials)(mask=specials.mask, pad=specials.pad, stops=(stop_token,), eot=None)
-        stopped = run(llada64, [prompt], DecodeConfig(gen_len=32, block_len=8, rule="fixed"))
-        kept = run(llada64, [prompt], cfg)
+        stopped = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, rule="fixed"))
+        kept = run(llada64.decoder, [prompt], cfg)
     finally:
         llada64.specials = specials
     cut = first_block.index(stop_token)
@@ -109,13 +109,13 @@ def test_dream_logits_are_shifted(dream64):
 def test_sampling_is_seeded(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
     cfg = DecodeConfig(gen_len=16, block_len=8, temperature=1.0, seed=7, early_stop=False)
-    a, b = run(llada64, [prompt], cfg), run(llada64, [prompt], cfg)
-    c = run(llada64, [prompt], DecodeConfig.from_dict({"seed": 8}, cfg))
+    a, b = run(llada64.decoder, [prompt], cfg), run(llada64.decoder, [prompt], cfg)
+    c = run(llada64.decoder, [prompt], DecodeConfig.from_dict({"seed": 8}, cfg))
     assert a.canvas.tolist() == b.canvas.tolist() != c.canvas.tolist()
 
 
 def test_length_validation(llada64):
     with pytest.raises(UserError, match="empty prompt"):
-        run(llada64, [[]], DecodeConfig(gen_len=8, block_len=8))
+        run(llada64.decoder, [[]], DecodeConfig(gen_len=8, block_len=8))
     with pytest.raises(UserError, match="exceeds the model's context of 4096"):
-        run(llada64, [[10] * 4000], DecodeConfig(gen_len=128, block_len=32))
+        run(llada64.decoder, [[10] * 4000], DecodeConfig(gen_len=128, block_len=32))

@@ -15,7 +15,7 @@ PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please."]
 
 
 def _steps(lm, prompts, cfg):
-    events = list(generate(lm, prompts, cfg))
+    events = list(generate(lm.decoder, prompts, cfg))
     steps = [(e.block, e.step, e.span, e.positions[e.committed].tolist(), e.tokens[e.committed].tolist())
              for e in events if isinstance(e, StepEvent)]
     widths = {e.positions.shape[1] for e in events if isinstance(e, StepEvent)}
@@ -33,7 +33,8 @@ def test_full_block_candidates_change_nothing(family, cache, rule, request, monk
     default_steps, default, default_widths = _steps(lm, prompts, cfg)
     assert default_widths != {8}                                    # normally only the masked positions
     monkeypatch.setattr(engine.SpanForward, "for_model",
-                        classmethod(lambda cls, lm, canvas, cache: cls(lm.model, canvas, cache, graphs=False, full_block=True)))
+                        classmethod(lambda cls, model, canvas, cache, widen=True: cls(model, canvas, cache, graphs=False,
+                                                                                  full_block=True, widen=widen)))
     padded_steps, padded, padded_widths = _steps(lm, prompts, cfg)
     assert padded_widths == {8}                                     # every position of the block
     assert padded_steps == default_steps                            # same commits at every step
@@ -42,8 +43,8 @@ def test_full_block_candidates_change_nothing(family, cache, rule, request, monk
 
 
 def test_no_graphs_on_cpu_or_when_switched_off(llada64, monkeypatch):
-    assert not graphs_possible(llada64)                              # CPU weights
-    forward = SpanForward.for_model(llada64, None, None)
+    assert not graphs_possible(llada64.model)                        # CPU weights
+    forward = SpanForward.for_model(llada64.model, None, None)
     assert not forward.graphs and not forward.full_block
     monkeypatch.setenv("FASTDLLM_CUDA_GRAPHS", "0")
-    assert not graphs_possible(llada64)
+    assert not graphs_possible(llada64.model)

@@ -55,7 +55,7 @@ def test_packed_and_plain_layouts_give_identical_tokens(llada_dir, dtype):
     assert packed(lm_packed) > 0 and packed(lm_plain) == 0
     cfg = DecodeConfig(gen_len=32, block_len=16, threshold=0.6, early_stop=False)
     prompt = lm_plain.encode("def f(x):", chat=False)
-    a, b = run(lm_packed, [prompt], cfg), run(lm_plain, [prompt], cfg)
+    a, b = run(lm_packed.decoder, [prompt], cfg), run(lm_plain.decoder, [prompt], cfg)
     assert a.canvas.tolist() == b.canvas.tolist() and a.nfe == b.nfe
 
 
@@ -102,7 +102,7 @@ def test_chat_skips_an_undecodable_piped_line(llada_dir):
 
 # --- 4. pipes and files get whole lines ----------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["baseline", "chat", "code", "default", "fast", "math", "quality"])
+@pytest.mark.parametrize("name", ["baseline", "chat", "code", "default", "fast", "fast-dllm-v2", "math", "quality", "sdar"])
 def test_profiles_show_round_trips_through_a_file(name, tmp_path):
     shown = invoke("profiles", "show", name)
     copy = tmp_path / "my.yaml"

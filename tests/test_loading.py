@@ -109,3 +109,14 @@ def test_bad_dtype_and_device(llada_dir):
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="no CUDA device"):
             loading.load(llada_dir, device="cuda")
+
+
+def test_published_files_ship_inside_the_package():
+    """tiny_random (and tiny_blockdiff) read the published configs and tokenizer files from the
+    installed package, not from a source checkout's tests/ (CI runs on a regular install)."""
+    import fastdllm
+    from fastdllm.tiny_random import FIXTURES
+
+    assert FIXTURES.is_relative_to(Path(fastdllm.__file__).parent)
+    for name in ("Dream-v0-Instruct-7B/vocab.json", "Dream-v0-Instruct-7B/merges.txt", "LLaDA-8B-Instruct/config.json"):
+        assert (FIXTURES / name).is_file(), name

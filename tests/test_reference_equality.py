@@ -19,7 +19,7 @@ RULES = {
 
 def ours(lm, prompt, cfg):
     steps, result = [], None
-    for event in generate(lm, [prompt], cfg):
+    for event in generate(lm.decoder, [prompt], cfg):
         if isinstance(event, StepEvent):
             P = len(prompt)
             picked = event.positions[event.committed] + P

@@ -71,7 +71,7 @@ def test_a_few_steps_export_and_resume(tmp_path):
     assert config["model_type"] == "llada" and config["architectures"] == ["LLaDAModelLM"]
     lm = loading.load(out)                                      # the normal LLaDA loading path
     assert lm.specials.mask == config["mask_token_id"]
-    result = run(lm, [lm.encode("def f(x):", chat=False)], DecodeConfig(gen_len=16, block_len=8))
+    result = run(lm.decoder, [lm.encode("def f(x):", chat=False)], DecodeConfig(gen_len=16, block_len=8))
     assert result.nfe >= 1
     resumed = train(tiny_config(tmp_path, corpus, total_steps=5), resume=True, log=lambda _: None)
     assert resumed["step"] == 5 and resumed["runs"] == 2

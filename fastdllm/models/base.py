@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from ..cache import CanvasCache
+from ..cache_modes import BIDIRECTIONAL, Attention
 from .layers import RMSNorm, linear, pack_linear, rotary_tables
 
 
@@ -19,6 +20,10 @@ class DiffusionLM(PreTrainedModel):
     # Logits for canvas position p come from the hidden state at p - logit_shift
     # (0 for LLaDA; 1 for Dream, which predicts the next token like an AR model).
     logit_shift = 0
+    # Bidirectional everywhere (LLaDA, Dream); block-causal families return their block size.
+    attention: Attention = BIDIRECTIONAL
+    # Where config.json has no mask_token_id: the mask token's spellings in the tokenizer.
+    mask_tokens: tuple[str, ...] = ()
     # Set by each family: number of KV heads, head size, RoPE base, end-of-turn discovery aside.
     n_heads: int
     n_kv_heads: int
@@ -44,11 +49,14 @@ class DiffusionLM(PreTrainedModel):
         return MaskedLMOutput(logits=self.head(self.hidden_states(input_ids, 0, cache)))
 
     def forward_span(self, canvas: torch.Tensor, start: int, end: int, cache: CanvasCache,
-                     logit_positions: torch.Tensor) -> torch.Tensor:
+                     logit_positions: torch.Tensor, widen: bool = True) -> torch.Tensor:
         """Recompute canvas span [start, end) against the cache; return logits (B, K, V) for the
-        canvas positions `logit_positions` (B, K), which must lie in [start, end)."""
-        first = max(start - self.logit_shift, 0)  # a shifted family also needs the slot before the span
-        rows = logit_positions - self.logit_shift - first                # (B, K) span-relative
+        canvas positions `logit_positions` (B, K), which lie in [start, end) (a shifted family:
+        up to `end`, predicted from the span's last slot). `widen`: a shifted family recomputes the
+        slot before the span too, for a logit at `start`; block-causal decoding never asks for one
+        (a block's first token is committed before its steps) and keeps that slot's final K/V."""
+        first = max(start - self.logit_shift, 0) if widen else start
+        rows = (logit_positions - self.logit_shift - first).clamp_min(0)   # (B, K) span-relative
         return self.head(self.hidden_states(canvas[:, first:end], first, cache, rows))   # (B, K, V)
 
     def hidden_states(self, ids: torch.Tensor, start: int, cache: CanvasCache,
@@ -58,7 +66,7 @@ class DiffusionLM(PreTrainedModel):
         x = self.embed(ids)                                              # (B, S, d)
         positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
         cos, sin = rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
-        key_mask = cache.mask_for(x.device)
+        key_mask = cache.mask_for(x.device, start, start + ids.shape[1])
         last = len(self.blocks) - 1
         for layer, block in enumerate(self.blocks):
             x = block(x, cos, sin, key_mask, cache, layer, start, rows if layer == last else None)
@@ -79,11 +87,11 @@ class DiffusionLM(PreTrainedModel):
                 pack_linear(module, dtypes)
 
     # --- cache ---------------------------------------------------------------------------------
-    def new_cache(self, valid: torch.Tensor, keep_kv: bool = True) -> CanvasCache:
+    def new_cache(self, valid: torch.Tensor, keep_kv: bool = True, block: int | None = None) -> CanvasCache:
         dtype = self.embed.weight.dtype  # the compute dtype, also under 8/4-bit quantization
         layers = [(_execution_device(block), dtype) for block in self.blocks]
         return CanvasCache.allocate(valid, layers=layers, kv_heads=self.n_kv_heads,
-                                    head_dim=self.head_dim, keep_kv=keep_kv)
+                                    head_dim=self.head_dim, keep_kv=keep_kv, block=block)
 
     @property
     def input_device(self) -> torch.device:

@@ -99,18 +99,26 @@ def project(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:
 def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module,
                    o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, head_dim: int,
                    cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None,
-                   cache: CanvasCache, layer: int, start: int, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Bidirectional attention of the span x (B, S, d) at canvas offset `start` to the whole canvas.
+                   cache: CanvasCache, layer: int, start: int, rows: torch.Tensor | None = None,
+                   q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
+    """Attention of the span x (B, S, d) at canvas offset `start` to the whole canvas, under
+    `key_mask` (B, 1, 1 or S, T): padding, and for block-causal families the block structure.
     Every span position's keys/values are stored; outputs are computed for `rows` (B, K) only
-    when given (the last layer: only positions whose logits are wanted need an output)."""
+    when given (the last layer: only positions whose logits are wanted need an output).
+    q_norm / k_norm: Qwen3's per-head RMSNorm, applied before RoPE."""
     B, S, _ = x.shape
     q, k, v = project(x, q_proj, k_proj, v_proj)
-    qk = apply_rotary(torch.cat([q, k], -1).view(B, S, n_heads + n_kv_heads, head_dim), cos, sin)  # one rotation
+    qk = torch.cat([q, k], -1).view(B, S, n_heads + n_kv_heads, head_dim)
+    if q_norm is not None:
+        qk = torch.cat([q_norm(qk[:, :, :n_heads]), k_norm(qk[:, :, n_heads:])], 2)
+    qk = apply_rotary(qk, cos, sin)                                    # one rotation for q and k
     q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)   # (B, H, S, D), (B, H_kv, S, D)
     v = v.reshape(B, S, n_kv_heads, head_dim).transpose(1, 2)
     keys, values = cache.store(layer, start, k, v)                    # (B, H_kv, T, D)
     if rows is not None:
         q = q.gather(2, rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
+        if key_mask is not None and key_mask.shape[2] > 1:             # a mask per query: keep the rows'
+            key_mask = key_mask.gather(2, rows[:, None, :, None].expand(-1, 1, -1, key_mask.shape[-1]))
         S = rows.shape[1]
     if S <= SHORT_SPAN and q.device.type == "cpu":
         out = _short_span_attention(q, keys, values, key_mask)

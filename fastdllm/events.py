@@ -1,0 +1,81 @@
+"""What the engine yields: a StepEvent per forward, a BlockEvent per finished block, and a Result
+at the end. Positions are generation-relative (0 = a row's first generated position)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+
+from .config import DecodeConfig
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    block: int
+    step: int                   # step inside the block
+    nfe: int                    # forwards so far, this one included
+    span: tuple[int, int]       # canvas span recomputed (a full refresh when it starts at 0)
+    positions: torch.Tensor     # (B, K) generation-relative positions that were candidates
+    tokens: torch.Tensor        # (B, K) predicted tokens
+    confidences: torch.Tensor   # (B, K)
+    committed: torch.Tensor     # (B, K) bool: the candidates committed this step
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    block: int
+    start: int                  # generation-relative [start, end)
+    end: int
+    tokens: torch.Tensor        # (B, block_len) the finished block
+    ended: torch.Tensor         # (B,) bool: the answer has ended in this block or before
+
+
+@dataclass
+class Result:
+    ids: list[list[int]]        # per row: the answer, up to (not including) its end token
+    texts: list[str]
+    canvas: torch.Tensor        # (B, gen_len) everything decoded (mask ids where early stop skipped)
+    prompt_tokens: list[int]
+    nfe: int
+    committed: int              # positions committed, all rows
+    blocks_decoded: int
+    early_stopped: bool
+    seconds_first_step: float
+    seconds_total: float
+    peak_memory_bytes: int
+    peak_memory_kind: str       # "cuda allocated" or "process RSS"
+    cache_bytes: int
+    config: DecodeConfig
+    batch: int = field(default=1)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(ids) for ids in self.ids)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.committed / max(self.nfe * self.batch, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds_total if self.seconds_total > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """The figures of this run as plain data (row lists when batched)."""
+        one = self.batch == 1
+        return {
+            "text": self.texts[0] if one else self.texts, "ids": self.ids[0] if one else self.ids,
+            "prompt_tokens": self.prompt_tokens[0] if one else self.prompt_tokens,
+            "generated_tokens": self.generated_tokens, "nfe": self.nfe,
+            "tokens_per_forward": round(self.tokens_per_forward, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "timings": {"first_step_s": round(self.seconds_first_step, 4), "total_s": round(self.seconds_total, 4)},
+            "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_kind": self.peak_memory_kind,
+            "cache_bytes": self.cache_bytes, "early_stopped": self.early_stopped,
+            "blocks_decoded": self.blocks_decoded, "config": self.config.to_dict(),
+        }
+
+
+Event = Union[StepEvent, BlockEvent, Result]

@@ -1,0 +1,29 @@
+"""Fast-dLLM v2 (Efficient-Large-Model/Fast_dLLM_v2_1.5B, _7B): Qwen2.5 config keys and tensor
+names (q/k/v bias), fine-tuned for block diffusion (docs/fast-dllm-v2.md).
+
+Attention is block-causal: causal between blocks of `bd_size` (32), bidirectional inside one.
+Logits are shifted by one like Dream's (position p is predicted from the hidden state at p - 1),
+so a block's first token is predicted by the forward that completes the block before it. No mask
+key in config.json: the mask is the tokenizer's `|<MASK>|` token."""
+
+from __future__ import annotations
+
+from ..cache_modes import Attention
+from .qwen import QwenConfig, QwenLM
+
+
+class FastDLLMQwenConfig(QwenConfig):
+    model_type = "Fast_dLLM_Qwen"
+    family_defaults = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                           num_attention_heads=28, num_key_value_heads=4, rope_theta=1000000.0)
+
+
+class FastDLLMQwenForCausalLM(QwenLM):
+    config_class = FastDLLMQwenConfig
+    _no_split_modules = ["QwenDecoderLayer"]
+    logit_shift = 1
+    mask_tokens = ("|<MASK>|",)
+
+    @property
+    def attention(self) -> Attention:
+        return Attention("block-causal", int(getattr(self.config, "bd_size", None) or 32))

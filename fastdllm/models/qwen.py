@@ -1,0 +1,138 @@
+"""The Qwen2 / Qwen3 decoder under the checkpoints' own tensor names (`model.embed_tokens`,
+`model.layers.{i}.self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, `model.norm`, `lm_head`),
+shared by the families adapted from Qwen: Dream and Fast-dLLM v2 (Qwen2.5: q/k/v bias) and SDAR
+(Qwen3: per-head `q_norm`/`k_norm`, explicit `head_dim`, no bias). A family file supplies the
+config class and what makes it a diffusion model (mask id, logit shift, attention kind)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import nn
+from transformers import PretrainedConfig
+
+from .base import DiffusionLM
+from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
+
+
+QWEN_KEYS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=None, head_dim=None, hidden_act="silu",
+                 max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
+                 mask_token_id=None, initializer_range=0.02)
+
+
+class QwenConfig(PretrainedConfig):
+    """Qwen2/Qwen3 config keys; a family overrides `family_defaults` with its published values
+    (used only for keys a config.json omits). Unknown keys are kept as attributes."""
+    family_defaults: ClassVar[dict] = {}
+
+    def __init__(self, tie_word_embeddings: bool = False, **kwargs):
+        values = {**QWEN_KEYS, **self.family_defaults}
+        values = {key: kwargs.pop(key, default) for key, default in values.items()}
+        values["num_key_value_heads"] = values["num_key_value_heads"] or values["num_attention_heads"]
+        values["scaled_rope"] = values.pop("rope_scaling")   # transformers 5 warns on `rope_scaling`
+        for key, value in values.items():
+            setattr(self, key, value)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def __init_subclass__(cls, **kwargs):
+        # transformers turns every config class into a dataclass whose generated __init__ would
+        # replace ours in a family subclass that declares none: give it ours explicitly.
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = QwenConfig.__init__
+        super().__init_subclass__(**kwargs)
+
+    def unsupported(self) -> list[str]:
+        found = []
+        if self.hidden_act != "silu":
+            found.append(f"hidden_act={self.hidden_act!r}")
+        if self.scaled_rope:
+            found.append(f"rope_scaling={self.scaled_rope!r}")
+        if getattr(self, "use_sliding_window", False):
+            found.append("use_sliding_window=True")
+        return found
+
+
+def head_dim_of(cfg) -> int:
+    """Qwen3 configs state head_dim (it need not be hidden / heads); Qwen2 derives it."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class QwenAttention(nn.Module):
+    def __init__(self, cfg, *, bias: bool, qk_norm: bool):
+        super().__init__()
+        d, hd = cfg.hidden_size, head_dim_of(cfg)
+        self.q_proj = nn.Linear(d, cfg.num_attention_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
+        if qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+
+class QwenMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+
+class QwenDecoderLayer(nn.Module):
+    def __init__(self, cfg, *, bias: bool, qk_norm: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = QwenAttention(cfg, bias=bias, qk_norm=qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = QwenMLP(cfg)
+
+    def fuse(self) -> None:
+        fuse_linears(self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj)
+        fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)
+
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+        a = self.self_attn
+        x = take_rows(x, rows) + self_attention(
+            self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
+            key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
+            q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
+        m = self.mlp
+        return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+
+
+class QwenLM(DiffusionLM):
+    """A Qwen decoder as a diffusion LM; subclasses set `config_class`, `bias`, `qk_norm`."""
+    bias = True
+    qk_norm = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(QwenDecoderLayer(config, bias=self.bias, qk_norm=self.qk_norm)
+                                          for _ in range(config.num_hidden_layers))
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.rope_theta = head_dim_of(config), config.rope_theta
+        self.post_init()
+
+    @property
+    def embed(self):
+        return self.model.embed_tokens
+
+    @property
+    def blocks(self):
+        return self.model.layers
+
+    @property
+    def final_norm(self):
+        return self.model.norm
+
+    @property
+    def output_head(self):
+        return getattr(self, "lm_head", None)

@@ -1,0 +1,81 @@
+"""Commit rules: one table. A rule answers, per row and step, how many of the candidate positions
+to commit; the committed ones are always the most confident (decoding.select). DecodeConfig's
+choices, the CLI help, bench labels and the live view's header are all read from this table, so a
+new rule is one entry here.
+
+Torch-free on purpose (profiles and `--help` must not import torch): the count functions use
+tensor methods only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    param: str | None                     # the DecodeConfig field that tunes it (None: nothing)
+    count: Callable                       # (sorted_conf (B, K) desc, cfg, scheduled (B,)) -> n (B,)
+    value: Callable[[Any], Any]           # cfg -> the parameter's effective value
+    label: Callable[[Any, int], str]      # (value, gen_len) -> header text, e.g. "threshold 0.9"
+    short: Callable[[Any, int], str]      # (value, gen_len) -> table cell, e.g. "t=0.9"
+    help: str
+    scheduled: bool = False               # follows the fixed per-step schedule (steps per block)
+    needs_probability: bool = False       # compares confidences with probabilities
+    by_position: bool = False             # commits the leftmost candidates, not the most confident
+
+
+def _threshold(sorted_conf, cfg, scheduled):
+    return (sorted_conf >= cfg.threshold).sum(-1)
+
+
+def _factor(sorted_conf, cfg, scheduled):
+    rank = sorted_conf.new_ones(sorted_conf.shape[-1]).cumsum(0)    # 1, 2, ..., K
+    ok = (rank + 1) * (1 - sorted_conf) < cfg.factor                # monotone in rank: a prefix
+    return ok.long().cumprod(-1).sum(-1)
+
+
+def _fixed(sorted_conf, cfg, scheduled):
+    return scheduled
+
+
+def _dynamic(sorted_conf, cfg, scheduled):
+    return (sorted_conf > cfg.threshold).sum(-1).maximum(scheduled)
+
+
+def _steps_text(steps: int, gen_len: int) -> str:
+    return "1/step" if steps == gen_len else f"{steps} steps"
+
+
+RULES: dict[str, Rule] = {r.name: r for r in [
+    Rule("threshold", "threshold", _threshold, lambda cfg: cfg.threshold,
+         lambda v, n: f"threshold {v:g}", lambda v, n: f"t={v:g}",
+         "commit every candidate with confidence >= threshold (at least the best one)",
+         needs_probability=True),
+    Rule("factor", "factor", _factor, lambda cfg: cfg.factor,
+         lambda v, n: f"factor {v:g}", lambda v, n: f"f={v:g}",
+         "commit the largest n with (n+1)(1 - c_n) < factor (the paper's Theorem 1)",
+         needs_probability=True),
+    Rule("fixed", "steps", _fixed, lambda cfg: cfg.total_steps,
+         lambda v, n: f"fixed {v} steps", _steps_text,
+         "LLaDA's schedule: steps spread evenly over the blocks (default gen_len: one token per step)",
+         scheduled=True),
+    Rule("dynamic", "threshold", _dynamic, lambda cfg: cfg.threshold,
+         lambda v, n: f"dynamic {v:g}", lambda v, n: f"d={v:g}",
+         "every candidate with confidence > threshold (strictly), at least the step's share of the "
+         "schedule (SDAR's low_confidence_dynamic; Fast-dLLM v2's rule with one token per step)",
+         scheduled=True, needs_probability=True),
+    Rule("sequential", "steps", _fixed, lambda cfg: cfg.total_steps,
+         lambda v, n: f"sequential {v} steps", _steps_text,
+         "the step's share of the schedule, leftmost candidates first (SDAR's sequential)",
+         scheduled=True, by_position=True),
+]}
+
+
+def describe(cfg) -> str:
+    """The rule of `cfg` with its parameter, for headers: 'threshold 0.9'."""
+    rule = RULES[cfg.rule]
+    return rule.label(rule.value(cfg), cfg.gen_len)
+
