@@ -5,7 +5,8 @@ attention kind (cache_modes.Attention).
   attention, RoPE positions shifted per row), then gen_len masks; blocks start where the prompts end.
 - block-causal (SDAR, Fast-dLLM v2): every row on the same absolute grid of blocks (positions
   0..T-1, no padding before a prompt), masks right after each row's own prompt up to the end of the
-  block holding its token gen_len (`ceil((L + gen_len) / B) * B`, as the references), the pad token
+  block holding its token gen_len (`ceil((L + gen_len) / B) * B`, as the references; the answer
+  reported is cut at gen_len tokens), the pad token
   after that (never decoded, never seen by earlier positions). The whole blocks of the shortest
   prompt are prefilled once; each row's prompt tail lives in its first decoded block. Finished
   blocks are final, so a row is the same whether decoded alone or in a batch.

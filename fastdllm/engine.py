@@ -45,8 +45,6 @@ class Decoder:
         return self.model.input_device
 
 
-
-
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig) -> Iterator[Event]:
     """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`."""
     model, specials = decoder.model, decoder.specials
@@ -105,9 +103,9 @@ def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig) -> I
                 stopped = True                                      # nothing before the stops can change
                 break
         blocks_done += 1
-        ended = answer_ended(canvas, stops, specials.mask) if causal else torch.isin(host[:, canvas.starts[0]:e], stops).any(1)
-        first = max(s, canvas.starts[0])
-        yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), ended.clone())
+        ended = answer_ended(canvas, stops, specials.mask)          # (B,) the answer ended here or before
+        first = max(s, canvas.starts[0])                            # row 0's generated part of the block
+        yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), ended)
         if stopped or (cfg.early_stop and bool(ended.all())) or block == len(canvas.blocks) - 1:
             break
         if causal:                                                  # store the finished block's K/V
@@ -115,7 +113,7 @@ def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig) -> I
 
     total = time.perf_counter() - started
     region = generated(canvas, specials.mask)
-    answers = [_answer(row, stops, specials.mask) for row in region]
+    answers = [_answer(row[:cfg.gen_len], stops, specials.mask) for row in region]   # at most gen_len tokens
     peak, kind = _peak_memory(device)
     yield Result(
         ids=answers, texts=[decoder.detokenize(a) for a in answers],

@@ -14,7 +14,8 @@ from .config import DecodeConfig
 @dataclass(frozen=True)
 class StepEvent:
     block: int
-    step: int                   # step inside the block
+    step: int                   # step inside the block; -1: a block-causal store pass (its K/V kept
+                                # as final; Fast-dLLM v2 commits the next block's first token there)
     nfe: int                    # forwards so far, this one included
     span: tuple[int, int]       # canvas span recomputed (a full refresh when it starts at 0)
     positions: torch.Tensor     # (B, K) generation-relative positions that were candidates
@@ -26,9 +27,9 @@ class StepEvent:
 @dataclass(frozen=True)
 class BlockEvent:
     block: int
-    start: int                  # generation-relative [start, end)
-    end: int
-    tokens: torch.Tensor        # (B, block_len) the finished block
+    start: int                  # generation-relative [start, end) of row 0 (block-causal rows of
+    end: int                    # other prompt lengths are offset; their first block can be shorter)
+    tokens: torch.Tensor        # (B, end - start) the finished block, in row 0's coordinates
     ended: torch.Tensor         # (B,) bool: the answer has ended in this block or before
 
 

@@ -181,3 +181,14 @@ def test_mixture_of_experts_families_are_named_as_not_yet_supported(tmp_path):
     r = cli("generate", "-m", tmp_path, "hi")
     assert r.exit_code == 1 and "LLaDA2.x (mixture of experts) is not supported yet" in r.stderr
     assert "sdar" in r.stderr and "Fast_dLLM_Qwen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("quantize", ["8bit", "4bit"])
+def test_quantized_block_causal_families_on_cpu(sdar, quantize):
+    import json
+
+    lm, _ = sdar
+    r = cli("generate", "-m", lm.path, "--json", "-n", "8", "--raw", "--dtype", "bf16", "--quantize", quantize, "hi")
+    assert r.exit_code == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["model"]["quantize"] == quantize and record["nfe"] >= 2 and len(record["ids"]) <= 8
