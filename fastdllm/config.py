@@ -30,6 +30,7 @@ class DecodeConfig:
     rule: str = _choice(*RULES, help="commit rule (how many tokens per step)")
     threshold: float = field(default=0.9, metadata={"gt": 0.0, "max": 1.0, "help": "threshold rule: commit if confidence >= this"})
     factor: float = field(default=1.0, metadata={"gt": 0.0, "help": "factor rule: largest n with (n+1)(1-c_n) < factor"})
+    entropy_budget: float = field(default=0.35, metadata={"gt": 0.0, "help": "entropy_bounded rule: total entropy (nats) committed per step"})
     steps: int | None = field(default=None, metadata={"min": 1, "help": "fixed rule: total steps (default gen_len: one token per step)"})
     confidence: str = _choice("prob", "margin", "neg_entropy", "random", help="confidence measure")
     temperature: float = field(default=0.0, metadata={"min": 0.0, "help": "0 = greedy; > 0 samples (Gumbel-max)"})
@@ -51,6 +52,8 @@ class DecodeConfig:
                 f"(gen_len {self.gen_len} / block_len {self.block_len})")
         if rule.scheduled and self.total_steps > self.gen_len:
             raise ConfigError(f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
+        if rule.measure and self.confidence != rule.measure:
+            raise ConfigError(f"the {self.rule} rule needs confidence {rule.measure} (got '{self.confidence}')")
         if rule.needs_probability and self.confidence not in ("prob", "margin"):
             raise ConfigError(f"confidence '{self.confidence}' is not a probability; the {self.rule} rule needs prob or margin")
 

@@ -25,6 +25,7 @@ class Rule:
     scheduled: bool = False               # follows the fixed per-step schedule (steps per block)
     needs_probability: bool = False       # compares confidences with probabilities
     by_position: bool = False             # commits the leftmost candidates, not the most confident
+    measure: str | None = None            # the confidence measure it needs, if one
 
 
 def _threshold(sorted_conf, cfg, scheduled):
@@ -43,6 +44,12 @@ def _fixed(sorted_conf, cfg, scheduled):
 
 def _dynamic(sorted_conf, cfg, scheduled):
     return (sorted_conf > cfg.threshold).sum(-1).maximum(scheduled)
+
+
+def _entropy_bounded(sorted_conf, cfg, scheduled):
+    # confidences are neg_entropy (sum p log p), best first: the longest prefix whose entropies add up
+    # to less than the budget (non-candidates at -inf add +inf and are never counted)
+    return ((-sorted_conf).cumsum(-1) < cfg.entropy_budget).sum(-1)
 
 
 def _steps_text(steps: int, gen_len: int) -> str:
@@ -71,6 +78,11 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          lambda v, n: f"sequential {v} steps", _steps_text,
          "the step's share of the schedule, leftmost candidates first (SDAR's sequential)",
          scheduled=True, by_position=True),
+    Rule("entropy_bounded", "entropy_budget", _entropy_bounded, lambda cfg: cfg.entropy_budget,
+         lambda v, n: f"entropy-bounded {v:g}", lambda v, n: f"H<{v:g}",
+         "the lowest-entropy candidates whose entropies add up to less than entropy_budget, at least "
+         "one (SDAR's entropy_bounded as intended; the published code raises before its first step)",
+         measure="neg_entropy"),
 ]}
 
 

@@ -74,6 +74,8 @@ def main() -> None:
             family, shape = SHAPES[name]
             write = write_sdar if family == "sdar" else write_fast_dllm_v2
             tiny = loading.load(write(Path(tmp) / name, n_layers=1), dtype=args.dtype, device=args.device)
+            if "layer_types" in tiny.model.config.to_dict():              # v2 configs list one per layer
+                shape = {**shape, "layer_types": ["full_attention"] * shape["num_hidden_layers"]}
             lm = in_memory(tiny, tiny.family, shape)
             prompt = torch.randint(1000, 30000, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
             print(f"{name}: {lm.info['parameters'] / 1e9:.2f} B parameters, attention {lm.info['attention']}")

@@ -139,6 +139,22 @@ def test_early_stop_ends_at_the_stop_token_mid_block(v2, monkeypatch):
     assert result.nfe < full.nfe and result.early_stopped
 
 
+def test_sdar_entropy_bounded_fills_every_block(sdar):
+    """No reference exists (the published rule raises); the rule as intended: each step commits the
+    lowest-entropy masks whose entropies add up to less than the budget (at least one)."""
+    lm, _ = sdar
+    cfg = DecodeConfig(gen_len=16, block_len=4, rule="entropy_bounded", confidence="neg_entropy",
+                       entropy_budget=1.0, early_stop=False)
+    events = list(generate(lm.decoder, [prompt_of(5)], cfg))
+    steps = [e for e in events if isinstance(e, StepEvent) and e.step >= 0]
+    for e in steps:
+        spent = -e.confidences[0][e.committed[0]]
+        assert int(e.committed[0].sum()) == 1 or float(spent.sum()) < 1.0
+    result = events[-1]
+    assert (result.canvas[0] != lm.specials.mask).all() and len(result.ids[0]) == 16
+    assert any(int(e.committed[0].sum()) > 1 for e in steps)     # the budget lets several through
+
+
 # --- the families in the CLI -------------------------------------------------------------------------
 
 def cli(*args, env=None):
@@ -160,7 +176,8 @@ def test_generate_uses_the_family_profile_and_info_says_block_causal(request, fa
     assert record["nfe"] >= 1 and len(record["ids"]) <= 32 + block
     assert "dynamic" in cli("profiles", "show", profile, "--resolved", "-m", lm.path).stdout
     info = json.loads(cli("info", lm.path, "--json").stdout)
-    assert info["mask_id"] == lm.specials.mask and info["family"] == lm.family
+    assert info["mask_id"] == lm.specials.mask and info["family"] == lm.family and info["chat_template"] is True
+    assert info["end_of_turn_id"] == 151645                     # <|im_end|>, found from the chat template
 
 
 def test_bench_baseline_uses_the_family_block(sdar):

@@ -40,6 +40,23 @@ def test_factor_rule_boundaries():
     assert pick([[1.0, 1.0, 0.7501]], **f) == [[T, T, T]]
 
 
+def test_block_diffusion_rules():
+    sched = torch.tensor([2])
+    # dynamic: strictly above the threshold, at least the step's share of the schedule
+    assert pick([[0.95, 0.9, 0.3, 0.91]], rule="dynamic", threshold=0.9, scheduled=sched) == [[T, F, F, T]]
+    assert pick([[0.95, 0.9, 0.3, 0.89]], rule="dynamic", threshold=0.9, scheduled=sched) == [[T, T, F, F]]
+    assert pick([[1.0, 1.0]], rule="dynamic", threshold=1.0, scheduled=torch.tensor([1])) == [[T, F]]
+    # sequential: the leftmost candidates, whatever their confidence
+    assert pick([[0.1, 0.9, 0.99, 0.5]], [[F, T, T, T]], rule="sequential", scheduled=sched) == [[F, T, T, F]]
+    # entropy_bounded (confidence = sum p log p = -entropy): lowest entropies while the sum < budget
+    eb = dict(rule="entropy_bounded", confidence="neg_entropy", entropy_budget=0.35)
+    assert pick([[-0.2, -0.05, -0.1, -0.9]], **eb) == [[F, T, T, F]]          # 0.05 + 0.1 < 0.35; + 0.2 is not
+    assert pick([[-0.2, -0.05, -0.1, -0.01]], **eb) == [[F, T, T, T]]         # 0.16 < 0.35
+    assert pick([[-1.2, -2.0]], **eb) == [[T, F]]                              # at least one
+    with pytest.raises(ConfigError, match="entropy_bounded rule needs confidence neg_entropy"):
+        DecodeConfig(rule="entropy_bounded")
+
+
 def test_fixed_schedule_counts_match_llada():
     sched = fixed_schedule(torch.tensor([32, 7, 0]), 4)
     assert sched.tolist() == [[8, 8, 8, 8], [2, 2, 2, 1], [0, 0, 0, 0]]
