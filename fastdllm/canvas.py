@@ -30,7 +30,6 @@ class Canvas:
     width: int                    # generated positions reported per row (from its start)
     blocks: list[tuple[int, int]]  # canvas spans decoded in order
     prefill: int                  # block-causal: [0, prefill) is computed once before the blocks
-    causal: bool                  # block-causal attention (finished blocks final)
 
     @property
     def length(self) -> int:
@@ -42,7 +41,7 @@ def plan(prompts: list[list[int]], cfg, *, mask: int, pad: int, causal: bool, co
         raise UserError("empty prompt: give at least one token of input")
     longest = max(len(p) for p in prompts)
     B = cfg.block_len
-    T = -(-(longest + cfg.gen_len) // B) * B if causal else longest + cfg.gen_len
+    T = block_end(longest + cfg.gen_len, B) if causal else longest + cfg.gen_len
     if T > context_length:
         raise UserError(f"prompt ({longest} tokens) + gen_len ({cfg.gen_len}) = {longest + cfg.gen_len} exceeds "
                         f"the model's context of {context_length} tokens")
@@ -55,7 +54,12 @@ def geometry(prompt_len: int, cfg, causal: bool) -> tuple[int, int]:
     if not causal:
         return cfg.gen_len, 0
     B = cfg.block_len
-    return -(-(prompt_len + cfg.gen_len) // B) * B - prompt_len, prompt_len % B
+    return block_end(prompt_len + cfg.gen_len, B) - prompt_len, prompt_len % B
+
+
+def block_end(n: int, block: int) -> int:
+    """The end of the block holding position n - 1: n rounded up to a multiple of `block`."""
+    return -(-n // block) * block
 
 
 def _left_padded(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
@@ -67,7 +71,7 @@ def _left_padded(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
         host[row, P - len(ids):P] = torch.tensor(ids)
         valid[row, :P - len(ids)] = False
     blocks = [(P + b * cfg.block_len, P + (b + 1) * cfg.block_len) for b in range(cfg.num_blocks)]
-    return Canvas(host, valid, [P] * len(prompts), [T] * len(prompts), cfg.gen_len, blocks, 0, False)
+    return Canvas(host, valid, [P] * len(prompts), [T] * len(prompts), cfg.gen_len, blocks, 0)
 
 
 def _block_causal(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
@@ -75,7 +79,7 @@ def _block_causal(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
     host = torch.full((len(prompts), T), pad, dtype=torch.long)
     ends = []
     for row, ids in enumerate(prompts):
-        end = -(-(len(ids) + cfg.gen_len) // B) * B
+        end = block_end(len(ids) + cfg.gen_len, B)
         host[row, :len(ids)] = torch.tensor(ids)
         host[row, len(ids):end] = mask
         ends.append(end)
@@ -83,7 +87,7 @@ def _block_causal(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
     prefill = min(starts) // B * B
     blocks = [(s, s + B) for s in range(prefill, T, B)]
     width = max(e - s for s, e in zip(starts, ends))
-    return Canvas(host, torch.ones_like(host, dtype=torch.bool), starts, ends, width, blocks, prefill, True)
+    return Canvas(host, torch.ones_like(host, dtype=torch.bool), starts, ends, width, blocks, prefill)
 
 
 def generated(canvas: Canvas, mask: int) -> torch.Tensor:
