@@ -1,15 +1,18 @@
 """Where a batch's prompts and masks sit on the canvas, and which blocks are decoded, for each
-attention kind (cache_modes.Attention).
+attention kind (cache_modes.Attention). Rows may ask for different lengths (`gen_lens`, at most
+cfg.gen_len; whole blocks under bidirectional attention): a row's masks end at its own length, and
+the slots after that are padding it never decodes.
 
 - bidirectional (LLaDA, Dream): prompts left-padded to the longest (padding masked out of
-  attention, RoPE positions shifted per row), then gen_len masks; blocks start where the prompts end.
-- block-causal (SDAR, Fast-dLLM v2): every row on the same absolute grid of blocks (positions
-  0..T-1, no padding before a prompt), masks right after each row's own prompt up to the end of the
-  block holding its token gen_len (`ceil((L + gen_len) / B) * B`, as the references; the answer
-  reported is cut at gen_len tokens), the pad token
-  after that (never decoded, never seen by earlier positions). The whole blocks of the shortest
-  prompt are prefilled once; each row's prompt tail lives in its first decoded block. Finished
-  blocks are final, so a row is the same whether decoded alone or in a batch.
+  attention, RoPE positions shifted per row), then each row's gen_len masks; blocks start where
+  the prompts end. Right padding (a shorter row) is masked out of attention like left padding.
+- block-causal (SDAR, Fast-dLLM v2): each row on its own grid of blocks from its first token
+  (positions count from there), masks right after its prompt up to the end of the block holding
+  its token gen_len (`ceil((L + gen_len) / B) * B`, as the references; the answer reported is cut
+  at gen_len tokens), the pad token after that (never decoded, never seen by earlier positions).
+  Rows are left-padded by whole blocks so that their first decoded blocks (each holding its
+  prompt's tail) coincide; everything before that is prefilled once. Finished blocks are final, so
+  a row is the same whether decoded alone or in a batch.
 """
 
 from __future__ import annotations
@@ -36,16 +39,28 @@ class Canvas:
         return self.host.shape[1]
 
 
-def plan(prompts: list[list[int]], cfg, *, mask: int, pad: int, causal: bool, context_length: int) -> Canvas:
+def plan(prompts: list[list[int]], cfg, *, mask: int, pad: int, causal: bool, context_length: int,
+         gen_lens: list[int] | None = None) -> Canvas:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("empty prompt: give at least one token of input")
-    longest = max(len(p) for p in prompts)
-    B = cfg.block_len
-    T = block_end(longest + cfg.gen_len, B) if causal else longest + cfg.gen_len
+    gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
+    if any((g % cfg.block_len and not causal) or not 0 < g <= cfg.gen_len for g in gen_lens):
+        raise ValueError(f"gen_lens {gen_lens}: at most gen_len {cfg.gen_len}, whole blocks of {cfg.block_len} "
+                         f"unless block-causal (its rows end at the end of a block anyway)")
+    T = length([len(p) for p in prompts], gen_lens, cfg.block_len, causal)
     if T > context_length:
+        longest = max(len(p) for p in prompts)
         raise UserError(f"prompt ({longest} tokens) + gen_len ({cfg.gen_len}) = {longest + cfg.gen_len} exceeds "
                         f"the model's context of {context_length} tokens")
-    return (_block_causal if causal else _left_padded)(prompts, cfg, mask, pad, T)
+    return (_block_causal if causal else _left_padded)(prompts, gen_lens, cfg, mask, pad, T)
+
+
+def length(prompt_lens: list[int], gen_lens: list[int], block: int, causal: bool) -> int:
+    """The canvas length T of a batch (what must fit the model's context)."""
+    if not causal:
+        return max(prompt_lens) + max(gen_lens)
+    first = max(n // block * block for n in prompt_lens)            # the shared first decoded block
+    return max(first - n // block * block + block_end(n + g, block) for n, g in zip(prompt_lens, gen_lens))
 
 
 def geometry(prompt_len: int, cfg, causal: bool) -> tuple[int, int]:
@@ -62,32 +77,35 @@ def block_end(n: int, block: int) -> int:
     return -(-n // block) * block
 
 
-def _left_padded(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
-    P = T - cfg.gen_len
-    host = torch.full((len(prompts), T), mask, dtype=torch.long)
-    valid = torch.ones((len(prompts), T), dtype=torch.bool)
-    for row, ids in enumerate(prompts):
-        host[row, :P - len(ids)] = pad
-        host[row, P - len(ids):P] = torch.tensor(ids)
-        valid[row, :P - len(ids)] = False
-    blocks = [(P + b * cfg.block_len, P + (b + 1) * cfg.block_len) for b in range(cfg.num_blocks)]
-    return Canvas(host, valid, [P] * len(prompts), [T] * len(prompts), cfg.gen_len, blocks, 0)
-
-
-def _block_causal(prompts, cfg, mask: int, pad: int, T: int) -> Canvas:
-    B = cfg.block_len
+def _left_padded(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas:
+    P = max(len(p) for p in prompts)
     host = torch.full((len(prompts), T), pad, dtype=torch.long)
-    ends = []
-    for row, ids in enumerate(prompts):
-        end = block_end(len(ids) + cfg.gen_len, B)
-        host[row, :len(ids)] = torch.tensor(ids)
-        host[row, len(ids):end] = mask
-        ends.append(end)
-    starts = [len(p) for p in prompts]
-    prefill = min(starts) // B * B
-    blocks = [(s, s + B) for s in range(prefill, T, B)]
+    valid = torch.zeros((len(prompts), T), dtype=torch.bool)
+    for row, (ids, g) in enumerate(zip(prompts, gen_lens)):
+        host[row, P - len(ids):P] = torch.tensor(ids)
+        host[row, P:P + g] = mask
+        valid[row, P - len(ids):P + g] = True
+    blocks = [(P + b * cfg.block_len, P + (b + 1) * cfg.block_len) for b in range((T - P) // cfg.block_len)]
+    ends = [P + g for g in gen_lens]
+    return Canvas(host, valid, [P] * len(prompts), ends, T - P, blocks, 0)
+
+
+def _block_causal(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas:
+    B = cfg.block_len
+    first = max(len(p) // B * B for p in prompts)                  # the shared first decoded block
+    host = torch.full((len(prompts), T), pad, dtype=torch.long)
+    valid = torch.ones((len(prompts), T), dtype=torch.bool)
+    starts, ends = [], []
+    for row, (ids, g) in enumerate(zip(prompts, gen_lens)):
+        shift = first - len(ids) // B * B                           # whole blocks of left padding
+        valid[row, :shift] = False
+        host[row, shift:shift + len(ids)] = torch.tensor(ids)
+        starts.append(shift + len(ids))
+        ends.append(shift + block_end(len(ids) + g, B))
+        host[row, starts[-1]:ends[-1]] = mask
+    blocks = [(s, s + B) for s in range(first, T, B)]
     width = max(e - s for s, e in zip(starts, ends))
-    return Canvas(host, torch.ones_like(host, dtype=torch.bool), starts, ends, width, blocks, prefill)
+    return Canvas(host, valid, starts, ends, width, blocks, first)
 
 
 def generated(canvas: Canvas, mask: int) -> torch.Tensor:
@@ -100,9 +118,12 @@ def generated(canvas: Canvas, mask: int) -> torch.Tensor:
 
 
 def answer_ended(canvas: Canvas, stops: torch.Tensor, mask: int) -> torch.Tensor:
-    """(B,) bool: a stop token stands in the row's generated region with no mask before it, so
-    nothing before it can change (block-causal decoding may stop there, mid-block)."""
+    """(B,) bool: nothing before the row's end can change any more: a stop token stands in its
+    generated region with no mask before it (block-causal decoding may stop there, mid-block), or
+    no mask is left in the region (a row shorter than the batch's longest)."""
     region = generated(canvas, mask)
     stop = torch.isin(region, stops)
     pending = (region == mask).long().cumsum(1) > 0                  # at or after the first mask
-    return (stop & ~pending).any(1)
+    lengths = torch.tensor([e - s for s, e in zip(canvas.starts, canvas.ends)])
+    full = ~((region == mask) & (torch.arange(region.shape[1])[None, :] < lengths[:, None])).any(1)
+    return (stop & ~pending).any(1) | full

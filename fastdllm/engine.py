@@ -45,82 +45,109 @@ class Decoder:
         return self.model.input_device
 
 
-def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig) -> Iterator[Event]:
-    """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`."""
-    model, specials = decoder.model, decoder.specials
-    device = decoder.device
-    causal = model.attention.kind == "block-causal"
-    canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=causal,
-                  context_length=decoder.context_length)
-    host, B, T = canvas.host, len(prompts), canvas.length
-    _reset_peak_memory(device)
-    started = time.perf_counter()
+def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
+             gen_lens: list[int] | None = None) -> Iterator[Event]:
+    """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`; `gen_lens`: each
+    row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row)."""
+    batch = Batch(decoder, prompts, cfg, gen_lens)
+    yield from batch.events()
+    yield batch.result()
 
-    cache = model.new_cache(canvas.valid.to(device), keep_kv=causal or CACHE_MODES[cfg.cache].keeps_kv,
-                            block=cfg.block_len if causal else None)
-    forward = SpanForward.for_model(model, host.to(device), cache, widen=not causal)
-    banned = torch.tensor([specials.mask], device=device)
-    stops = torch.tensor(specials.stops)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    starts = torch.tensor(canvas.starts)[:, None]
-    rel = lambda positions: positions - starts                       # noqa: E731  generation-relative
 
-    nfe = committed = blocks_done = 0
-    first_step = None
-    stopped = False
+class Batch:
+    """One batch's decoding state: the canvas (host copy and device copy), the cache, the counters.
+    `events()` runs the block loop; a consumer may stop iterating at any BlockEvent (the server
+    does, to let rows leave and join: the rows' prompts plus `generated()` so far, with the rest
+    of their lengths, plan the next batch)."""
 
-    def store(s: int, e: int, block: int) -> StepEvent:
-        """A block-causal store pass over the finished span [s, e), as a step (step -1) of `block`."""
-        nonlocal nfe, committed
-        with torch.inference_mode():
-            at, tokens, chosen = _complete_block(forward, model, host, s, e, specials.mask)
-        nfe, committed = nfe + 1, committed + int(chosen.sum())
-        return StepEvent(block, -1, nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
+    def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
+                 gen_lens: list[int] | None = None):
+        model, specials = decoder.model, decoder.specials
+        self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
+        self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
+        self.causal = model.attention.kind == "block-causal"
+        self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
+                           context_length=decoder.context_length, gen_lens=self.gen_lens)
+        device = decoder.device
+        _reset_peak_memory(device)
+        self.started = time.perf_counter()
+        self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len if self.causal else None,
+                                     keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv)
+        self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
+        self.nfe = self.committed = self.blocks_done = 0
+        self.first_step: float | None = None
 
-    if canvas.prefill:                                              # the shortest prompt's whole blocks
-        yield store(0, canvas.prefill, 0)
-    for block, (s, e) in enumerate(canvas.blocks):
-        if causal and cfg.early_stop and bool(answer_ended(canvas, stops, specials.mask).all()):
-            break                                                   # a store pass committed the stop
-        counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
-        schedule = fixed_schedule(counted, cfg.steps_per_block)
-        step = 0
-        while bool((block_masked := host[:, s:e] == specials.mask).any()):
-            candidates, sub = sub_block(block_masked, cfg.sub_block_len, s, host, specials.mask)
-            span = span_for(cfg, step, s, e, T, causal=causal, sub=sub)
-            scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
+    def generated(self) -> torch.Tensor:
+        """(B, width): each row's generated region so far, from its first generated position."""
+        return generated(self.canvas, self.decoder.specials.mask)
+
+    def events(self) -> Iterator[StepEvent | BlockEvent]:
+        cfg, canvas, specials = self.cfg, self.canvas, self.decoder.specials
+        host, B, T, causal = canvas.host, len(self.prompts), canvas.length, self.causal
+        device = self.decoder.device
+        banned = torch.tensor([specials.mask], device=device)
+        stops = torch.tensor(specials.stops)
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        starts = torch.tensor(canvas.starts)[:, None]
+        rel = lambda positions: positions - starts                       # noqa: E731  generation-relative
+        ended = lambda: answer_ended(canvas, stops, specials.mask)        # noqa: E731  (B,) bool
+
+        def store(s: int, e: int, block: int) -> StepEvent:
+            """A block-causal store pass over the finished span [s, e), as a step (step -1) of `block`."""
             with torch.inference_mode():
-                positions, tokens, conf, chosen = _decode_step(
-                    forward, span, candidates, s, scheduled, cfg, banned, generator)
-            host.scatter_(1, positions, torch.where(chosen, tokens, host.gather(1, positions)))
-            nfe += 1
-            committed += int(chosen.sum())
-            if first_step is None:
-                first_step = time.perf_counter() - started
-            yield StepEvent(block, step, nfe, span, rel(positions), tokens, conf, chosen)
-            step += 1
-            if causal and cfg.early_stop and bool(answer_ended(canvas, stops, specials.mask).all()):
-                stopped = True                                      # nothing before the stops can change
-                break
-        blocks_done += 1
-        ended = answer_ended(canvas, stops, specials.mask)          # (B,) the answer ended here or before
-        first = max(s, canvas.starts[0])                            # row 0's generated part of the block
-        yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), ended)
-        if stopped or (cfg.early_stop and bool(ended.all())) or block == len(canvas.blocks) - 1:
-            break
-        if causal:                                                  # store the finished block's K/V
-            yield store(s, e, block + 1)
+                at, tokens, chosen = _complete_block(self.forward, self.decoder.model, host, s, e, specials.mask)
+            self.nfe, self.committed = self.nfe + 1, self.committed + int(chosen.sum())
+            return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
 
-    total = time.perf_counter() - started
-    region = generated(canvas, specials.mask)
-    answers = [_answer(row[:cfg.gen_len], stops, specials.mask) for row in region]   # at most gen_len tokens
-    peak, kind = _peak_memory(device)
-    yield Result(
-        ids=answers, texts=[decoder.detokenize(a) for a in answers],
-        canvas=region, prompt_tokens=[len(p) for p in prompts], nfe=nfe, committed=committed,
-        blocks_decoded=blocks_done, early_stopped=blocks_done < len(canvas.blocks),
-        seconds_first_step=first_step or 0.0, seconds_total=total,
-        peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=cache.nbytes, config=cfg, batch=B)
+        stopped = False
+        if canvas.prefill:                                              # the blocks before the first decoded one
+            yield store(0, canvas.prefill, 0)
+        for block, (s, e) in enumerate(canvas.blocks):
+            if causal and cfg.early_stop and bool(ended().all()):
+                break                                                   # a store pass committed the stop
+            counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
+            schedule = fixed_schedule(counted, cfg.steps_per_block)
+            step = 0
+            while bool((block_masked := host[:, s:e] == specials.mask).any()):
+                candidates, sub = sub_block(block_masked, cfg.sub_block_len, s, host, specials.mask)
+                span = span_for(cfg, step, s, e, T, causal=causal, sub=sub)
+                scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
+                with torch.inference_mode():
+                    positions, tokens, conf, chosen = _decode_step(
+                        self.forward, span, candidates, s, scheduled, cfg, banned, generator)
+                host.scatter_(1, positions, torch.where(chosen, tokens, host.gather(1, positions)))
+                self.nfe += 1
+                self.committed += int(chosen.sum())
+                if self.first_step is None:
+                    self.first_step = time.perf_counter() - self.started
+                yield StepEvent(block, step, self.nfe, span, rel(positions), tokens, conf, chosen)
+                step += 1
+                if causal and cfg.early_stop and bool(ended().all()):
+                    stopped = True                                      # nothing before the stops can change
+                    break
+            self.blocks_done += 1
+            done = ended()                                              # (B,) the answer ended here or before
+            first = max(s, canvas.starts[0])                            # row 0's generated part of the block
+            yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), done)
+            if stopped or (cfg.early_stop and bool(done.all())) or block == len(canvas.blocks) - 1:
+                break
+            if causal:                                                  # store the finished block's K/V
+                yield store(s, e, block + 1)
+
+    def result(self) -> Result:
+        specials, canvas = self.decoder.specials, self.canvas
+        total = time.perf_counter() - self.started
+        region = self.generated()
+        stops = torch.tensor(specials.stops)
+        answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
+        peak, kind = _peak_memory(self.decoder.device)
+        return Result(
+            ids=answers, texts=[self.decoder.detokenize(a) for a in answers],
+            canvas=region, prompt_tokens=[len(p) for p in self.prompts], nfe=self.nfe, committed=self.committed,
+            blocks_decoded=self.blocks_done, early_stopped=self.blocks_done < len(canvas.blocks),
+            seconds_first_step=self.first_step or 0.0, seconds_total=total,
+            peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=self.cache.nbytes, config=self.cfg,
+            batch=len(self.prompts))
 
 
 def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
@@ -187,7 +214,7 @@ def sub_block(block_masked: torch.Tensor, sub_len: int | None, s: int, host: tor
     return candidates, (a, a + sub_len) if same else None
 
 
-def _answer(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
+def answer_ids(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
     """Tokens before the first end token (or before the first undecoded position)."""
     end = torch.isin(row, stops) | (row == mask)
     cut = int(end.nonzero()[0]) if bool(end.any()) else row.numel()

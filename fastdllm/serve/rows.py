@@ -1,0 +1,152 @@
+"""One job's row as the scheduler decodes it: what it has decided so far (whole blocks, final),
+what it costs, what its client has been sent; and which jobs may share a batch."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from ..canvas import block_end, length
+from ..config import DecodeConfig
+from ..engine import answer_ids
+from .jobs import Finished, Job, StepUpdate, TextUpdate
+
+
+def sampled(cfg: DecodeConfig) -> bool:
+    """Draws from the generator: such a row would depend on its batch-mates."""
+    return cfg.temperature > 0 or cfg.confidence == "random"
+
+
+def batch_key(job: Job) -> tuple:
+    """Jobs with equal keys share a batch: the same settings per block (their lengths may differ).
+    A sampled job's key is its own, so it is decoded alone and its seed reproduces its answer."""
+    cfg = job.cfg
+    per_block = replace(cfg, gen_len=cfg.block_len, steps=None if cfg.steps is None else cfg.steps_per_block,
+                        seed=cfg.seed if sampled(cfg) else 0)
+    return per_block, job.id if sampled(cfg) else None
+
+
+def config_for(key: tuple, gen_len: int) -> DecodeConfig:
+    """The batch's config: the key's settings over gen_len (rounded up to whole blocks)."""
+    per_block = key[0]
+    gen_len = block_end(gen_len, per_block.block_len)
+    blocks = gen_len // per_block.block_len
+    return replace(per_block, gen_len=gen_len, steps=None if per_block.steps is None else per_block.steps * blocks)
+
+
+def fits(decoder, rows: list["Row"], key: tuple) -> bool:
+    """The batch's canvas fits the model's context."""
+    cfg = config_for(key, max(r.remaining for r in rows))
+    causal = decoder.model.attention.kind == "block-causal"
+    return length([len(r.context) for r in rows], [_gen(r.remaining, cfg, causal) for r in rows],
+                  cfg.block_len, causal) <= decoder.context_length
+
+
+def _gen(remaining: int, cfg: DecodeConfig, causal: bool) -> int:
+    return remaining if causal else block_end(remaining, cfg.block_len)
+
+
+class Row:
+    def __init__(self, job: Job, decoder):
+        self.job, self.decoder = job, decoder
+        cfg, n = job.cfg, len(job.prompt)
+        causal = decoder.model.attention.kind == "block-causal"
+        self.region = block_end(n + cfg.gen_len, cfg.block_len) - n if causal else cfg.gen_len
+        self.decided: list[int] = []         # generated tokens of finished blocks (final)
+        self.base = 0                        # len(decided) when the current batch was planned
+        self.nfe = self.committed = self.rows_seen = 0
+        self.first_forward: float | None = None
+        self.sent = ""                       # text delivered so far
+        self.finished = False
+
+    @property
+    def context(self) -> list[int]:
+        """What the next batch is planned with: the prompt and the finished blocks."""
+        return self.job.prompt + self.decided
+
+    @property
+    def remaining(self) -> int:
+        """Tokens of the job's length still to come (the next batch's gen_len for this row)."""
+        return self.job.cfg.gen_len - len(self.decided)
+
+    def planned(self) -> None:
+        self.base = len(self.decided)
+
+    def stepped(self, event, i: int, rows: int) -> None:
+        """A forward of the batch (row i of `rows`): counted if it decided positions of this row
+        (or stored its keys/values: a block-causal store pass)."""
+        chosen = event.committed[i]
+        if event.step >= 0 and not bool(chosen.any()):
+            return
+        self.nfe += 1
+        self.committed += int(chosen.sum())
+        self.rows_seen += rows
+        if self.first_forward is None:
+            self.first_forward = time.perf_counter()
+        if self.job.steps and bool(chosen.any()):
+            at = event.positions[i][chosen] + self.base
+            keep = at >= 0
+            self.job.deliver(StepUpdate(at[keep].tolist(), event.tokens[i][chosen][keep].tolist()))
+
+    def block_done(self, region: torch.Tensor, upto: int, cancelled: bool, metrics=None) -> None:
+        """A block finished: `region` is this row's generated region in the batch, final up to
+        `upto`. Delivers the new text, and Finished when the answer is complete."""
+        self.decided = self.decided[:self.base] + region[:max(0, min(upto, self.region - self.base))].tolist()
+        if cancelled:
+            self.finished = True             # the client is gone: nothing more is delivered
+            return
+        stops = torch.tensor(self.decoder.specials.stops)
+        window = torch.tensor(self.decided[:self.job.cfg.gen_len], dtype=torch.long)
+        ids = answer_ids(window, stops, self.decoder.specials.mask)
+        ended = len(ids) < len(window)                                # an end token stands in it
+        text = self.decoder.detokenize(ids)
+        cut = _first_stop(text, self.job.stop)
+        done = (ended and self.job.cfg.early_stop) or cut is not None or len(self.decided) >= self.region
+        if cut is not None:
+            text, ids = text[:cut], _ids_for(text[:cut], ids, self.decoder.detokenize)
+        self._send(text, final=done)
+        if done:
+            self.finished = True
+            self._finish(text, ids, "stop" if ended or cut is not None else "length", metrics)
+
+    def _send(self, text: str, *, final: bool) -> None:
+        """Deliver the text beyond what was sent. Until the end, hold back what may still turn out
+        to start a stop string, or an incomplete character."""
+        hold = 0 if final else max((len(s) - 1 for s in self.job.stop), default=0)
+        ready = text[:len(text) - hold] if hold else text
+        if not final:
+            ready = ready.rstrip("\ufffd")
+        if ready.startswith(self.sent) and len(ready) > len(self.sent):
+            self.job.deliver(TextUpdate(ready[len(self.sent):]))
+            self.sent = ready
+
+    def _finish(self, text: str, ids: list[int], reason: str, metrics) -> None:
+        now = time.perf_counter()
+        first = self.first_forward or now
+        result = Finished(
+            text=text, ids=ids, finish_reason=reason, prompt_tokens=len(self.job.prompt),
+            completion_tokens=len(ids), nfe=self.nfe, committed=self.committed,
+            seconds=now - self.job.submitted, queued_seconds=first - self.job.submitted,
+            mean_batch=self.rows_seen / max(self.nfe, 1))
+        if metrics:
+            metrics.finished(result)
+        self.job.deliver(result)
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _ids_for(text: str, ids: list[int], detokenize) -> list[int]:
+    """The shortest prefix of `ids` whose text covers `text` (the answer cut at a stop string)."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(detokenize(ids[:mid])) >= len(text):
+            hi = mid
+        else:
+            lo = mid + 1
+    return ids[:lo]
