@@ -13,6 +13,7 @@ from .chat import chat
 from .generate import generate
 from .info import info
 from .profiles_cmd import app as profiles_app
+from .serve import EXAMPLES as SERVE_EXAMPLES, serve
 
 app = typer.Typer(
     name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -29,6 +30,7 @@ app.command()(generate)
 app.command()(bench)
 app.command()(chat)
 app.command()(info)
+app.command(epilog=SERVE_EXAMPLES)(serve)
 app.add_typer(profiles_app, name="profiles")
 
 

@@ -71,6 +71,11 @@ class LoadedModel:
             return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
         messages.append({"role": "user", "content": prompt})
+        return self.encode_messages(messages)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation ({"role", "content"} dicts) in the chat template, ready for the
+        assistant's answer; the template writes the special tokens, so the tokenizer adds none."""
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

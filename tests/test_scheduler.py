@@ -8,6 +8,7 @@ import threading
 from dataclasses import replace
 
 import pytest
+import torch
 
 from fastdllm import loading
 from fastdllm.config import DecodeConfig
@@ -18,6 +19,14 @@ from fastdllm.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please.", "What is 2 + 2?",
            "Write a haiku about caches.", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()             # tiny float64 ops: threads only add overhead
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

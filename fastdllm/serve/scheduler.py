@@ -33,7 +33,8 @@ class Scheduler:
     def __init__(self, decoder, *, max_batch: int = 8, max_queue: int = 64, metrics=None):
         self.decoder, self.max_batch, self.max_queue, self.metrics = decoder, max_batch, max_queue, metrics
         self.queue: collections.deque[Job] = collections.deque()
-        self.cancelled: set[str] = set()
+        self.cancelled: set[str] = set()      # running jobs whose clients went away
+        self.active: set[str] = set()         # the ids of the running rows
         self.lock = threading.Condition()
         self.accepting = True
         self.running = False
@@ -61,7 +62,7 @@ class Scheduler:
             waiting = [j for j in self.queue if j.id == job_id]
             for job in waiting:
                 self.queue.remove(job)
-            if not waiting:
+            if not waiting and job_id in self.active:
                 self.cancelled.add(job_id)          # a running row: it leaves at the next boundary
             self._queue_changed()
 
@@ -87,6 +88,7 @@ class Scheduler:
                 if not self.queue:
                     return                          # shut down and drained
                 first = self.queue.popleft()
+                self.active.add(first.id)
                 self._queue_changed()
             rows = [Row(first, self.decoder)]
             try:
@@ -96,6 +98,7 @@ class Scheduler:
                 for row in rows:
                     if not row.finished:
                         row.job.deliver(Failed(500, f"the engine failed: {type(e).__name__}: {e}"))
+                self._retire(rows)
 
     def _decode(self, rows: list[Row]) -> None:
         """Decode `rows` (and whoever joins them) until every row has finished."""
@@ -113,6 +116,7 @@ class Scheduler:
                 for row in rows:
                     row.job.deliver(Failed(400, str(e)))
                     row.finished = True
+                self._retire(rows)
                 return
             began = time.perf_counter()
             for event in batch.events():
@@ -135,7 +139,14 @@ class Scheduler:
                 unfinished = [r.job.id for r in rows if not r.finished]
                 if unfinished:                      # the engine ended the batch: every row must be done
                     raise RuntimeError(f"the batch ended before rows {unfinished} finished")
+            self._retire([r for r in rows if r.finished])
             rows[:] = [r for r in rows if not r.finished]
+
+    def _retire(self, rows: list[Row]) -> None:
+        with self.lock:
+            for row in rows:
+                self.active.discard(row.job.id)
+                self.cancelled.discard(row.job.id)
 
     def _take_cancel(self, job_id: str) -> bool:
         with self.lock:
@@ -157,6 +168,7 @@ class Scheduler:
         with self.lock:
             while self.queue and len(rows) < self.max_batch and self._fits_next(rows, key):
                 rows.append(Row(self.queue.popleft(), self.decoder))
+                self.active.add(rows[-1].job.id)
             self._queue_changed()
 
     def _queue_changed(self) -> None:

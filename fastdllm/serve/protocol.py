@@ -1,0 +1,291 @@
+"""The OpenAI request shapes (/v1/chat/completions, /v1/completions) and their conversion into what
+the scheduler decodes: prompt ids, a DecodeConfig validated by the CLI's own code, stop strings.
+Every mistake becomes an ApiError: an HTTP status and one line naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .. import profiles
+from ..canvas import block_end
+from ..chat import plain_transcript
+from ..config import DecodeConfig
+from ..errors import UserError
+
+PLAIN_TURN = "\nUser:"      # without a chat template the answer ends where the next user line starts
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind, self.headers = kind, headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")      # OpenAI clients send many fields we do not use
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class Message(Lenient):
+    role: Literal["system", "user", "assistant"]
+    content: Any = None                             # a string or a list of text parts (checked below)
+
+
+class CommonRequest(Lenient):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stop: Any = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    fastdllm: dict[str, Any] | None = None
+    # accepted only at the value that means "off": anything else would be silently ignored
+    top_p: Any = None
+    logprobs: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+
+
+class ChatRequest(CommonRequest):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    top_logprobs: Any = None
+    tools: Any = None
+    response_format: Any = None
+
+
+class CompletionRequest(CommonRequest):
+    prompt: Any = None
+    suffix: Any = None
+    echo: Any = None
+    best_of: Any = None
+
+
+# field -> the values that mean the feature is off
+OFF_VALUES = {"top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
+              "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+              "tools": (None, []), "response_format": (None, {"type": "text"}), "echo": (None, False),
+              "best_of": (None, 1)}
+
+
+@dataclass(frozen=True)
+class Server:
+    """What requests are decoded against: the model and the server's own settings."""
+    lm: Any                         # loading.LoadedModel
+    base_cfg: DecodeConfig          # from the server's profile and flags
+    profile_name: str
+    cli_flags: dict[str, Any]       # decoding flags given to `fastdllm serve`
+
+    @property
+    def model_name(self) -> str:
+        return self.lm.path.name
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt: list[int]
+    cfg: DecodeConfig               # gen_len = the canvas: max_tokens rounded up to whole blocks
+    max_tokens: int
+    profile: str
+    stop: tuple[str, ...] = ()
+    steps: bool = False             # stream each step's committed positions and tokens
+    stream: bool = False
+    include_usage: bool = False
+    plain_chat: bool = False        # no chat template: the answer is cut and stripped as in `fastdllm chat`
+
+    def info(self) -> dict:
+        """The `fastdllm` object of a response: what was decoded for this request."""
+        out = {"max_tokens": self.max_tokens, "canvas_tokens": self.cfg.gen_len, "profile": self.profile}
+        if self.cfg.gen_len != self.max_tokens:
+            out["note"] = f"max_tokens rounded up to whole blocks of {self.cfg.block_len}"
+        return out
+
+
+def validated(model: type[BaseModel], body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        message, param = one_line(e.errors()[0])
+        raise ApiError(400, message, param=param) from None
+
+
+def one_line(error: dict) -> tuple[str, str | None]:
+    """(message, param) from a pydantic or FastAPI validation error, without the body prefix."""
+    loc = [str(x) for x in error.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    return (f"{param}: {error['msg']}" if param else error["msg"]), param
+
+
+def prepare_chat(body: Any, server: Server) -> Prepared:
+    req = validated(ChatRequest, body)
+    messages = [{"role": m.role, "content": text_of(m.content, f"messages.{i}.content")}
+                for i, m in enumerate(req.messages)]
+    if not messages:
+        raise ApiError(400, "messages: at least one message is required", param="messages")
+    lm = server.lm
+    if lm.has_chat_template:
+        from jinja2 import TemplateError
+
+        try:
+            ids = lm.encode_messages(messages)
+        except TemplateError as e:
+            raise ApiError(400, f"messages: the chat template refused them: {e}", param="messages") from None
+        return prepare(req, server, ids, chat_limit(req), "messages")
+    # as `fastdllm chat` does for such models: a plain 'User: / Assistant:' transcript
+    system = "\n".join(m["content"] for m in messages if m["role"] == "system") or None
+    turns = [m for m in messages if m["role"] != "system"]
+    if not turns or turns[-1]["role"] != "user":
+        raise ApiError(400, f"messages: {server.model_name} has no chat template; the last message must be "
+                            "from the user", param="messages")
+    ids = lm.encode(plain_transcript(system, turns[:-1], turns[-1]["content"]), chat=False)
+    return prepare(req, server, ids, chat_limit(req), "messages", extra_stop=(PLAIN_TURN,))
+
+
+def chat_limit(req: ChatRequest) -> int | None:
+    return req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
+
+
+def prepare_completion(body: Any, server: Server) -> Prepared:
+    req = validated(CompletionRequest, body)
+    if req.suffix is not None:
+        raise ApiError(400, "suffix is not supported yet (infilling comes later)", param="suffix")
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise ApiError(400, f"prompt: {len(prompt)} prompts in one request; send one per request", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = server.lm.encode(prompt, chat=False)
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = token_ids(prompt, server.lm)
+    else:
+        raise ApiError(400, "prompt: expected a string, a list of one string, or a list of token ids", param="prompt")
+    return prepare(req, server, ids, req.max_tokens, "prompt")
+
+
+def text_of(content: Any, param: str) -> str:
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts, joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(400, f"{param}.{i}: only text parts are supported (got {kind!r})", param=param)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError(400, f"{param}: expected a string or a list of text parts", param=param)
+
+
+def token_ids(ids: list[int], lm) -> list[int]:
+    vocab = lm.model.get_input_embeddings().num_embeddings
+    for i in ids:
+        if not 0 <= i < vocab:
+            raise ApiError(400, f"prompt: token id {i} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        if i == lm.specials.mask:
+            raise ApiError(400, f"prompt: token id {i} is the mask token", param="prompt")
+    return list(ids)
+
+
+def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int | None, prompt_param: str,
+            extra_stop: tuple[str, ...] = ()) -> Prepared:
+    if req.model != server.model_name:
+        raise ApiError(404, f"model '{req.model}' not found (this server serves '{server.model_name}')",
+                       param="model", code="model_not_found")
+    if req.n not in (None, 1):
+        raise ApiError(400, f"n: only n=1 is supported (got {req.n})", param="n")
+    for name, off in OFF_VALUES.items():
+        value = getattr(req, name, None)
+        if not any(same(value, v) for v in off):
+            allowed = " or ".join("null" if v is None else repr(v) for v in off)
+            raise ApiError(400, f"{name}: not supported (only {allowed})", param=name)
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens: must be at least 1 (got {max_tokens})", param="max_tokens")
+    if not ids:
+        raise ApiError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
+    cfg, profile, steps, wanted = decode_config(req, server, max_tokens, len(ids), prompt_param)
+    return Prepared(ids, cfg, wanted, profile, stop_strings(req.stop) + extra_stop, steps,
+                    bool(req.stream), bool(req.stream and req.stream_options and req.stream_options.include_usage),
+                    plain_chat=bool(extra_stop))
+
+
+def same(value: Any, off: Any) -> bool:
+    if off is None or isinstance(off, bool):
+        return value is off
+    return not isinstance(value, bool) and value == off
+
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else [] if stop is None else stop
+    if not (isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) and s for s in stops)):
+        raise ApiError(400, "stop: expected a non-empty string or a list of up to 4", param="stop")
+    return tuple(stops)
+
+
+def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, prompt_len: int,
+                  prompt_param: str) -> tuple[DecodeConfig, str, bool, int]:
+    """The request's DecodeConfig, validated by the CLI's code: the server's profile and flags (or the
+    request's profile re-resolved under the server's flags), then the `fastdllm` object, then the
+    top-level temperature and seed. Returns (config, profile name, stream steps?, max_tokens)."""
+    settings = dict(req.fastdllm or {})
+    name = settings.pop("profile", None) or server.profile_name
+    steps = settings.get("steps")
+    if isinstance(steps, bool):                     # a boolean asks for the step stream; an int is --steps
+        del settings["steps"]
+    if any(k.replace("-", "_") == "gen_len" for k in settings):
+        raise ApiError(400, "fastdllm.gen_len: set the answer length with max_tokens", param="fastdllm.gen_len")
+    base = server.base_cfg if name == server.profile_name else request_profile(name, server)
+    try:
+        parsed = DecodeConfig.parse(settings)
+    except UserError as e:
+        raise ApiError(400, f"fastdllm: {e}", param="fastdllm") from None
+    for key in ("temperature", "seed"):             # the OpenAI fields win over the same keys in fastdllm
+        if (value := getattr(req, key)) is not None:
+            try:
+                parsed.update(DecodeConfig.parse({key: value}))
+            except UserError as e:
+                raise ApiError(400, str(e), param=key) from None
+    block = parsed.get("block_len", base.block_len)
+    wanted = max_tokens or base.gen_len
+    canvas = block_end(wanted, block)
+    causal = server.lm.model.attention.kind == "block-causal"
+    needed = block_end(prompt_len + canvas, block) if causal else prompt_len + canvas
+    if needed > server.lm.context_length:
+        raise ApiError(400, f"the prompt ({prompt_len} tokens) and the answer's canvas ({canvas} tokens for "
+                            f"max_tokens {wanted}) need {needed} tokens; this model's context is "
+                            f"{server.lm.context_length}", param=prompt_param, code="context_length_exceeded")
+    try:
+        cfg = DecodeConfig.from_dict({**parsed, "gen_len": canvas}, base)
+    except UserError as e:
+        raise ApiError(400, f"fastdllm: {e}", param="fastdllm") from None
+    return cfg, name, steps is True, wanted
+
+
+def request_profile(name: Any, server: Server) -> DecodeConfig:
+    """A profile named in a request, resolved as `fastdllm serve -P NAME` would be. Only profiles
+    listed by name: a request never makes the server read a file path it chose."""
+    found = {p.name: p for p in profiles.available()}
+    if not isinstance(name, str) or name not in found:
+        raise ApiError(400, f"fastdllm.profile: unknown profile {name!r} (available: {', '.join(found)})",
+                       param="fastdllm.profile")
+    try:
+        return profiles.resolve(found[name], server.cli_flags, server.lm.path)
+    except UserError as e:
+        raise ApiError(400, f"fastdllm.profile: {e}", param="fastdllm.profile") from None
