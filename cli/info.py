@@ -28,7 +28,9 @@ def info(
         out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine)))
         return
     rows = [("path", details["path"]), ("family", f"{details['family']} ({', '.join(details['architectures'])})"),
-            ("parameters", f"{details['parameters'] / 1e6:,.1f} M"),
+            ("parameters", f"{details['parameters'] / 1e6:,.1f} M"
+                           + (f" ({details['active_parameters'] / 1e6:,.1f} M active per token: mixture of experts)"
+                              if details["active_parameters"] != details["parameters"] else "")),
             ("dtype on disk", f"{details['dtype_on_disk']} ({human_bytes(details['bytes_on_disk'])})"),
             ("layers / hidden", f"{details['layers']} / {details['hidden_size']}"),
             ("context length", f"{details['context_length']:,} tokens"),

@@ -24,8 +24,7 @@ def shard_files(path: Path) -> list[Path]:
 
 def inspect_checkpoint(path: Path) -> dict:
     raw = read_config(path)
-    config_cls, model_cls = family_of(raw, path)
-    config = config_cls.from_dict(raw)
+    config, model_cls = family_of(raw, path)
     shapes, dtypes = {}, Counter()
     for shard in shard_files(path):
         with safe_open(str(shard), "pt") as f:
@@ -34,12 +33,18 @@ def inspect_checkpoint(path: Path) -> dict:
                 shapes[name] = piece.get_shape()
                 dtypes[piece.get_dtype()] += prod(shapes[name])
     tokenizer = load_tokenizer(path)
-    specials = special_tokens(raw, tokenizer, path, model_cls.mask_tokens)
-    kv_rows = next(s[0] for n, s in shapes.items() if n.endswith("k_proj.weight"))   # kv_heads * head_dim
-    in_blocks = sum(prod(s) for n, s in shapes.items() if len(s) == 2 and (".blocks." in n or ".layers." in n))
+    specials = special_tokens(raw, tokenizer, path, model_cls)
+    # kv_heads * head_dim: the k projection's rows, or from the config where q/k/v are one matrix (LLaDA2)
+    kv_rows = next((s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")), None) \
+        or config.num_key_value_heads * config.head_dim
+    # the matrices bitsandbytes quantizes: the blocks' nn.Linear weights (not the MoE routers)
+    in_blocks = sum(prod(s) for n, s in shapes.items()
+                    if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))
+    parameters = sum(prod(s) for s in shapes.values())
     return {
         "path": str(path), "family": raw["model_type"], "architectures": raw.get("architectures", []),
-        "parameters": sum(prod(s) for s in shapes.values()), "block_matrix_parameters": in_blocks,
+        "parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
+        "block_matrix_parameters": in_blocks,
         "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
         "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),
         "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
@@ -48,6 +53,16 @@ def inspect_checkpoint(path: Path) -> dict:
         "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
         "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
+
+
+def idle_expert_parameters(shapes: dict, config) -> int:
+    """Mixture of experts: the routed experts' parameters a token does not use, (E - k) / E of them
+    (shared experts, attention, dense layers, embedding and head are used by every token)."""
+    experts, k = getattr(config, "num_experts", None), getattr(config, "num_experts_per_tok", None)
+    if not experts or not k:
+        return 0
+    routed = sum(prod(s) for n, s in shapes.items() if ".mlp.experts." in n)
+    return routed * (experts - k) // experts
 
 
 def memory_estimate(info: dict, canvas_tokens: int) -> dict[str, dict[str, int]]:

@@ -1,25 +1,39 @@
-"""Each model family's own decoding defaults, by config.json's `model_type` (torch-free: profile
-resolution reads it). They form the "model-family defaults" layer (below profiles, environment and
+"""Each model family's own decoding defaults, by config.json's `model_type`, or by `architectures`
+where one model_type names several families (`llada`: LLaDA-8B and LLaDA-MoE). Torch-free: profile
+resolution reads it. They form the "model-family defaults" layer (below profiles, environment and
 flags), and name the profile used when none is given: block-diffusion families are trained for
 their own block size and decode by their authors' rules, so the generic default would not fit."""
 
 from __future__ import annotations
 
-# model_type -> (profile used when none is given, config.json -> DecodeConfig defaults)
+_LLADA2 = ("llada2", lambda c: {          # H1's generate: blocks of 32, > 0.95, at least 1 of 32 steps
+    "block_len": 32, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"})
+
+# model_type or architecture -> (profile used when none is given, config.json -> DecodeConfig defaults)
 FAMILY_DEFAULTS = {
     "Fast_dLLM_Qwen": ("fast-dllm-v2", lambda c: {
         "block_len": c.get("bd_size") or 32, "sub_block_len": 8, "rule": "dynamic", "threshold": 0.9,
         "cache": "prefix"}),
     "sdar": ("sdar", lambda c: {
         "block_len": c.get("block_size") or 4, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"}),
+    "llada2_moe": _LLADA2,
+    "bailing_moe_v2": _LLADA2,
+    "LLaDAMoEModelLM": ("llada-moe", lambda c: {
+        "block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}),
 }
+FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
+
+
+def _entry(config: dict):
+    keys = [*(config.get("architectures") or []), config.get("model_type")]
+    return next((FAMILY_DEFAULTS[k] for k in keys if isinstance(k, str) and k in FAMILY_DEFAULTS), None)
 
 
 def decode_defaults(config: dict) -> dict:
-    entry = FAMILY_DEFAULTS.get(config.get("model_type"))
+    entry = _entry(config)
     return entry[1](config) if entry else {}
 
 
 def default_profile(config: dict) -> str:
-    entry = FAMILY_DEFAULTS.get(config.get("model_type"))
+    entry = _entry(config)
     return entry[0] if entry else "default"

@@ -96,6 +96,8 @@ def read_config(path: Path) -> dict:
 
 
 def family_of(config: dict, path: Path):
+    """(the family's config built from config.json, its model class); one-line errors for an unknown
+    family, a malformed config or options beyond our code."""
     from .models import FAMILIES, NOT_YET
 
     model_type = config.get("model_type")
@@ -103,12 +105,18 @@ def family_of(config: dict, path: Path):
         known = ", ".join(FAMILIES)
         what = f"{NOT_YET[model_type]} is not supported yet: " if model_type in NOT_YET else "unsupported "
         raise UserError(f"{what}model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
-    config_cls, model_cls, architectures = FAMILIES[model_type]
-    declared = config.get("architectures") or list(architectures)
-    if not set(declared) & set(architectures):
-        raise UserError(f"unsupported architecture {declared} for model_type {model_type!r} "
-                        f"(supported: {', '.join(architectures)})")
-    return config_cls, model_cls
+    families = FAMILIES[model_type]
+    declared = config.get("architectures") or list(families[0][2])
+    found = [(c, m) for c, m, architectures in families if set(declared) & set(architectures)]
+    if not found:
+        supported = ", ".join(a for _, _, architectures in families for a in architectures)
+        raise UserError(f"unsupported architecture {declared} for model_type {model_type!r} (supported: {supported})")
+    built = found[0][0].from_dict(config)
+    if problems := getattr(built, "malformed", list)():       # the MoE families check their keys
+        raise UserError(f"malformed {path / 'config.json'}: {'; '.join(problems)}")
+    if problems := built.unsupported():
+        raise UserError(f"{path.name}: architecture options not supported yet: {', '.join(problems)}")
+    return built, found[0][1]
 
 
 def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none",
@@ -121,10 +129,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
             raise UsageError(problem)
     path = Path(path).expanduser()
     raw = read_config(path)
-    config_cls, model_cls = family_of(raw, path)
-    config = config_cls.from_dict(raw)
-    if problems := config.unsupported():
-        raise UserError(f"{path.name}: architecture options not supported yet: {', '.join(problems)}")
+    config, model_cls = family_of(raw, path)
     _check_weights(path)
     tokenizer = load_tokenizer(path)
     torch_dtype, device_map = _placement(dtype, device)
@@ -136,11 +141,12 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     from safetensors import SafetensorError
 
     try:
-        model = model_cls.from_pretrained(path, config=config, **kwargs).eval()
-        model.prepare_for_inference(pack=pack_weights)
+        model, report = model_cls.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
+        model_cls.check_loaded(report)
+        model.eval().prepare_for_inference(pack=pack_weights)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
-    specials = special_tokens(raw, tokenizer, path, model_cls.mask_tokens)
+    specials = special_tokens(raw, tokenizer, path, model_cls)
     loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
                          torch_dtype, quantize, time.perf_counter() - start)
     loaded.info = describe(loaded)
@@ -195,10 +201,14 @@ def mask_from_tokenizer(tokenizer, spellings: tuple[str, ...]) -> int | None:
     return None
 
 
-def special_tokens(config: dict, tokenizer, path: Path, mask_tokens: tuple[str, ...] = ()) -> SpecialTokens:
+def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> SpecialTokens:
+    """Mask: config's mask_token_id, else the tokenizer's, else the family's `mask_fallback` (the authors' code)."""
     mask = config.get("mask_token_id")
     if not isinstance(mask, int):
-        mask = mask_from_tokenizer(tokenizer, mask_tokens)
+        mask = mask_from_tokenizer(tokenizer, getattr(model_cls, "mask_tokens", ()))
+    fallback = getattr(model_cls, "mask_fallback", None)
+    if not isinstance(mask, int) and isinstance(fallback, int) and fallback < config.get("vocab_size", 0):
+        mask = fallback
     if not isinstance(mask, int):
         raise UserError(f"{path / 'config.json'} has no mask_token_id and the tokenizer no mask token")
     eos = _ids(config.get("eos_token_id")) or _ids(tokenizer.eos_token_id)

@@ -42,7 +42,7 @@ def build_in_memory(args, tmp: Path) -> loading.LoadedModel:
 def in_memory(lm: loading.LoadedModel, family_type: str, overrides: dict) -> loading.LoadedModel:
     """Swap `lm`'s model for a random one (std 0.02) of its family with `overrides` on its config,
     built on its device and dtype."""
-    config_cls, model_cls, _ = FAMILIES[family_type]
+    config_cls, model_cls, _ = FAMILIES[family_type][0]
     config = config_cls.from_dict({**lm.model.config.to_dict(), **overrides})
     torch.manual_seed(0)
     default = torch.get_default_dtype()

@@ -194,9 +194,9 @@ def test_bench_baseline_uses_the_family_block(sdar):
 def test_mixture_of_experts_families_are_named_as_not_yet_supported(tmp_path):
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"]}))
     r = cli("generate", "-m", tmp_path, "hi")
-    assert r.exit_code == 1 and "LLaDA2.x (mixture of experts) is not supported yet" in r.stderr
+    assert r.exit_code == 1 and "SDAR-30B-A3B (mixture of experts) is not supported yet" in r.stderr
     assert "sdar" in r.stderr and "Fast_dLLM_Qwen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

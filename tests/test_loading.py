@@ -76,8 +76,11 @@ def test_errors_are_one_line_user_errors(llada_dir, tmp_path):
     cases.append((d, "unsupported model_type 'gpt2'"))
     d = _copy(llada_dir, tmp_path / "moe")
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps(dict(cfg, architectures=["LLaDAMoEModelLM"])))
+    (d / "config.json").write_text(json.dumps(dict(cfg, architectures=["FusedLLaDAMoEModelLM"])))
     cases.append((d, "unsupported architecture"))
+    d = _copy(llada_dir, tmp_path / "moe-keys")     # LLaDA-MoE by its architecture, dense LLaDA by its keys
+    (d / "config.json").write_text(json.dumps(dict(cfg, architectures=["LLaDAMoEModelLM"])))
+    cases.append((d, "required keys missing: hidden_size, num_hidden_layers"))
     d = _copy(llada_dir, tmp_path / "no-tokenizer")
     (d / "tokenizer.json").unlink()
     cases.append((d, "no tokenizer files"))

@@ -8,23 +8,36 @@ from .base import DiffusionLM
 from .dream import DreamConfig, DreamModel
 from .fast_dllm_qwen import FastDLLMQwenConfig, FastDLLMQwenForCausalLM
 from .llada import LLaDAConfig, LLaDAModelLM
+from .llada2_moe import BailingMoeV2Config, LLaDA2MoeConfig, LLaDA2MoeModelLM
+from .llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
 from .sdar import SDARConfig, SDARForCausalLM
 
-# model_type -> (config class, model class, the `architectures` entries we implement)
-FAMILIES: dict[str, tuple[type, type[DiffusionLM], tuple[str, ...]]] = {
-    "llada": (LLaDAConfig, LLaDAModelLM, ("LLaDAModelLM",)),
-    "Dream": (DreamConfig, DreamModel, ("DreamModel",)),
-    "Fast_dLLM_Qwen": (FastDLLMQwenConfig, FastDLLMQwenForCausalLM, ("Fast_dLLM_QwenForCausalLM",)),
-    "sdar": (SDARConfig, SDARForCausalLM, ("SDARForCausalLM",)),
+Family = tuple[type, type[DiffusionLM], tuple[str, ...]]   # config class, model class, `architectures` entries
+_LLADA2 = ("LLaDA2MoeModelLM",)
+
+# model_type -> the families published under it; `architectures` picks one (the first when a
+# config.json names none): `llada` is both the dense LLaDA-8B and LLaDA-MoE.
+FAMILIES: dict[str, list[Family]] = {
+    "llada": [(LLaDAConfig, LLaDAModelLM, ("LLaDAModelLM",)),
+              (LLaDAMoEConfig, LLaDAMoEModelLM, ("LLaDAMoEModelLM", "LLaDAMoEModel"))],
+    "Dream": [(DreamConfig, DreamModel, ("DreamModel",))],
+    "Fast_dLLM_Qwen": [(FastDLLMQwenConfig, FastDLLMQwenForCausalLM, ("Fast_dLLM_QwenForCausalLM",))],
+    "sdar": [(SDARConfig, SDARForCausalLM, ("SDARForCausalLM",))],
+    "llada2_moe": [(LLaDA2MoeConfig, LLaDA2MoeModelLM, _LLADA2)],
+    "bailing_moe_v2": [(BailingMoeV2Config, LLaDA2MoeModelLM, _LLADA2)],
 }
 # Families people download that are not implemented yet: named in the error.
-NOT_YET = {"llada2_moe": "LLaDA2.x (mixture of experts)", "sdar_moe": "SDAR-30B-A3B (mixture of experts)",
-           "llada_moe": "LLaDA-MoE (mixture of experts)"}
+NOT_YET = {"sdar_moe": "SDAR-30B-A3B (mixture of experts)",
+           "llada2_moe_veomni": "LLaDA2's training format (experts merged per layer; convert to the published one)"}
 
-for _cfg, _model, _ in FAMILIES.values():
+for _type, _families in FAMILIES.items():
     # Registering our classes makes AutoConfig/AutoModel use them instead of the `auto_map` Python
     # files that published checkpoints carry: no code from a checkpoint directory ever runs.
-    AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
-    AutoModel.register(_cfg, _model, exist_ok=True)
+    # AutoConfig knows one class per model_type: the first family's.
+    AutoConfig.register(_type, _families[0][0], exist_ok=True)
+    for _cfg, _model, _ in _families:
+        if _model.config_class is _cfg:
+            AutoModel.register(_cfg, _model, exist_ok=True)
 
-__all__ = ["FAMILIES", "NOT_YET", "DiffusionLM", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM"]
+__all__ = ["FAMILIES", "NOT_YET", "DiffusionLM", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
+           "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "LLaDAMoEConfig", "LLaDAMoEModelLM"]

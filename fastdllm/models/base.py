@@ -13,6 +13,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 from ..cache import CanvasCache
 from ..cache_modes import BIDIRECTIONAL, Attention
 from .layers import RMSNorm, linear, pack_linear, rotary_tables
+from .moe import Router
 
 
 class DiffusionLM(PreTrainedModel):
@@ -22,8 +23,16 @@ class DiffusionLM(PreTrainedModel):
     logit_shift = 0
     # Bidirectional everywhere (LLaDA, Dream); block-causal families return their block size.
     attention: Attention = BIDIRECTIONAL
-    # Where config.json has no mask_token_id: the mask token's spellings in the tokenizer.
+    # Where config.json has no mask_token_id: the mask token's spellings in the tokenizer, then the
+    # id the authors' code passes (MoE families: their config.json and tokenizer name none).
     mask_tokens: tuple[str, ...] = ()
+    mask_fallback: int | None = None
+    # The expert tensors' published layout, named when a checkpoint stores them otherwise (MoE).
+    published_layout: str | None = None
+    # Whether a forward can be captured as a CUDA graph (MoE routing sizes its matmuls on the host).
+    cuda_graphs = True
+    # RoPE on the first rotary_dim dims of each head (partial rotary; None: all of head_dim).
+    rotary_dim: int | None = None
     # Set by each family: number of KV heads, head size, RoPE base, end-of-turn discovery aside.
     n_heads: int
     n_kv_heads: int
@@ -65,7 +74,7 @@ class DiffusionLM(PreTrainedModel):
         `rows`: the last layer computes outputs only there (its keys/values still cover the span)."""
         x = self.embed(ids)                                              # (B, S, d)
         positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
-        cos, sin = rotary_tables(positions, self.head_dim, self.rope_theta, x.dtype)
+        cos, sin = rotary_tables(positions, self.rotary_dim or self.head_dim, self.rope_theta, x.dtype)
         key_mask = cache.mask_for(x.device, start, start + ids.shape[1])
         last = len(self.blocks) - 1
         for layer, block in enumerate(self.blocks):
@@ -85,6 +94,18 @@ class DiffusionLM(PreTrainedModel):
         for module in list(self.blocks.modules()) + [self.output_head]:
             if isinstance(module, nn.Linear):
                 pack_linear(module, dtypes)
+
+    @classmethod
+    def check_loaded(cls, report: dict) -> None:
+        """After from_pretrained: refuse a checkpoint whose tensors do not match the modules (missing
+        ones would silently stay random). ValueError, one line."""
+        missing, unexpected = report.get("missing_keys") or [], report.get("unexpected_keys") or []
+        if cls.published_layout and any(".experts." in n or ".mlp.w" in n for n in [*missing, *unexpected]):
+            raise ValueError(f"experts not in the published layout ({cls.published_layout}): "
+                             f"{', '.join(sorted(unexpected or missing)[:3])}")
+        for what, names in (("missing", missing), ("unexpected", unexpected if cls.published_layout else [])):
+            if names:
+                raise ValueError(f"{what} tensors {', '.join(sorted(names)[:3])}" + (" ..." if len(names) > 3 else ""))
 
     # --- cache ---------------------------------------------------------------------------------
     def new_cache(self, valid: torch.Tensor, keep_kv: bool = True, block: int | None = None) -> CanvasCache:
@@ -109,6 +130,8 @@ class DiffusionLM(PreTrainedModel):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, Router):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
 
 
 def _execution_device(module: nn.Module) -> torch.device:

@@ -11,7 +11,7 @@ from torch import nn
 from ..cache import CanvasCache
 
 
-def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)  # fp64 stays fp64 (exactness tests)
 
 
@@ -24,13 +24,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(x.to(_at_least_fp32(x.dtype)), (x.shape[-1],), eps=self.eps)   # x * rsqrt(mean(x^2) + eps)
+        h = F.rms_norm(x.to(at_least_fp32(x.dtype)), (x.shape[-1],), eps=self.eps)   # x * rsqrt(mean(x^2) + eps)
         return self.weight * h.to(x.dtype)
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """positions (B, S) -> cos, sin (B, S, 1, head_dim) in fp32 (fp64 for fp64 models)."""
-    dt = _at_least_fp32(dtype)
+    dt = at_least_fp32(dtype)
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=dt) / head_dim)
     angles = positions.to(dt)[..., None] * inv_freq            # (B, S, D/2)
     angles = torch.cat([angles, angles], dim=-1)[:, :, None]    # (B, S, 1, D) rotate-half layout
@@ -38,7 +38,11 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: t
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, S, H, D); rotation computed at the tables' precision, then cast back."""
+    """x (B, S, H, D); rotation computed at the tables' precision, then cast back. Tables narrower
+    than D (partial rotary, LLaDA2: R = D/2) rotate the first R dims and pass the rest through."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
     xf = x.to(cos.dtype)
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
@@ -100,14 +104,16 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
                    o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, head_dim: int,
                    cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None,
                    cache: CanvasCache, layer: int, start: int, rows: torch.Tensor | None = None,
-                   q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
+                   q_norm: nn.Module | None = None, k_norm: nn.Module | None = None,
+                   qkv_sizes: list[int] | None = None) -> torch.Tensor:
     """Attention of the span x (B, S, d) at canvas offset `start` to the whole canvas, under
     `key_mask` (B, 1, 1 or S, T): padding, and for block-causal families the block structure.
     Every span position's keys/values are stored; outputs are computed for `rows` (B, K) only
     when given (the last layer: only positions whose logits are wanted need an output).
-    q_norm / k_norm: Qwen3's per-head RMSNorm, applied before RoPE."""
+    q_norm / k_norm: Qwen3's per-head RMSNorm, applied before RoPE. `qkv_sizes`: the checkpoint
+    stores q/k/v as one matrix (LLaDA2's query_key_value, passed as q_proj) of these row counts."""
     B, S, _ = x.shape
-    q, k, v = project(x, q_proj, k_proj, v_proj)
+    q, k, v = linear(x, q_proj).split(qkv_sizes, -1) if qkv_sizes else project(x, q_proj, k_proj, v_proj)
     qk = torch.cat([q, k], -1).view(B, S, n_heads + n_kv_heads, head_dim)
     if q_norm is not None:
         qk = torch.cat([q_norm(qk[:, :, :n_heads]), k_norm(qk[:, :, n_heads:])], 2)
@@ -138,7 +144,7 @@ def _short_span_attention(q, keys, values, key_mask):
     group = q.shape[1] // keys.shape[1]
     if group > 1:
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = (q @ keys.transpose(-1, -2)).to(_at_least_fp32(q.dtype)) * q.shape[-1] ** -0.5   # (B, H, S, T)
+    scores = (q @ keys.transpose(-1, -2)).to(at_least_fp32(q.dtype)) * q.shape[-1] ** -0.5   # (B, H, S, T)
     if key_mask is not None:
         scores = scores.masked_fill(~key_mask, float("-inf"))
     return scores.softmax(-1).to(q.dtype) @ values

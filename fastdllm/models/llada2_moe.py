@@ -1,0 +1,152 @@
+"""LLaDA2.x (inclusionAI/LLaDA2.0-mini, LLaDA2.1-mini, the flash variants): `llada2_moe`, also
+shipped as `bailing_moe_v2`, architecture `LLaDA2MoeModelLM` (docs/llada2-moe.md).
+
+A Ling-2.0 mixture-of-experts decoder trained for block diffusion: block-causal attention in
+blocks of 32 (no config key: the authors' code), no logit shift. Per layer: fused `query_key_value`
+(q heads, then k, then v), per-head RMSNorm on q and k before a partial rotary embedding (the first
+`head_dim * partial_rotary_factor` dims), GQA; then a dense SwiGLU for the first
+`first_k_dense_replace` layers and a sparse MoE after them (sigmoid router with a selection-only
+expert bias and group limiting, moe.py) plus `num_shared_experts` shared experts."""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers import PretrainedConfig
+
+from ..cache_modes import Attention
+from .base import DiffusionLM
+from .layers import RMSNorm, self_attention, take_rows
+from .moe import Routing, SparseMoE, SwiGLU
+
+# config.json keys and the configuration class's defaults (used only where a config omits a key)
+LLADA2_KEYS = dict(vocab_size=30592, hidden_size=1024, intermediate_size=None, num_hidden_layers=24,
+                   num_attention_heads=16, num_key_value_heads=0, head_dim=None, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, partial_rotary_factor=0.5, max_position_embeddings=16384,
+                   num_experts=16, num_experts_per_tok=2, n_group=8, topk_group=4, num_shared_experts=0,
+                   first_k_dense_replace=0, routed_scaling_factor=2.5, moe_intermediate_size=None,
+                   use_qkv_bias=False, use_bias=True, use_qk_norm=True, norm_head=False, mask_token_id=None,
+                   initializer_range=0.02)
+
+
+class LLaDA2MoeConfig(PretrainedConfig):
+    model_type = "llada2_moe"
+
+    def __init__(self, tie_word_embeddings: bool = False, **kwargs):
+        for key, default in LLADA2_KEYS.items():
+            setattr(self, key, kwargs.pop(key, default))
+        self.scaled_rope = kwargs.pop("rope_scaling", None)   # transformers 5 warns on `rope_scaling`
+        if not self.head_dim and self.num_attention_heads:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def routing(self) -> Routing:
+        groups = self.n_group or 1
+        return Routing("sigmoid_grouped", self.num_experts, self.num_experts_per_tok, groups,
+                       self.topk_group or groups, float(self.routed_scaling_factor))
+
+    def is_sparse(self, layer: int) -> bool:
+        return self.num_experts is not None and layer >= self.first_k_dense_replace
+
+    def unsupported(self) -> list[str]:
+        found = [f"rope_scaling={self.scaled_rope!r}"] if self.scaled_rope else []
+        return found + (["norm_head=True"] if self.norm_head else [])
+
+    def malformed(self) -> list[str]:
+        if not self.num_key_value_heads:
+            return ["num_key_value_heads is required (the configuration class's default 0 cannot work)"]
+        if self.num_attention_heads % self.num_key_value_heads:
+            return [f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads "
+                    f"{self.num_attention_heads}"]
+        layers = range(self.num_hidden_layers)
+        found = [f"{key} is required" for key, needed in [
+            ("intermediate_size", not all(self.is_sparse(i) for i in layers)),
+            ("moe_intermediate_size", any(self.is_sparse(i) for i in layers))] if needed and not getattr(self, key)]
+        return found + (self.routing.problems() if self.num_experts is not None else [])
+
+
+class LLaDA2Attention(nn.Module):
+    def __init__(self, cfg: LLaDA2MoeConfig):
+        super().__init__()
+        H, KV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.query_key_value = nn.Linear(cfg.hidden_size, (H + 2 * KV) * hd, bias=cfg.use_qkv_bias)
+        if cfg.use_qk_norm is not False:           # absent from the published configs: on
+            self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.dense = nn.Linear(H * hd, cfg.hidden_size, bias=cfg.use_bias)
+
+
+class LLaDA2DecoderLayer(nn.Module):
+    def __init__(self, cfg: LLaDA2MoeConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_sizes = [self.n_heads * self.head_dim] + [self.n_kv_heads * self.head_dim] * 2
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = LLaDA2Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.is_sparse(layer):
+            shared = (cfg.num_shared_experts or 0) * cfg.moe_intermediate_size
+            self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.routing, expert_bias="gate",
+                                 shared=shared or None)
+        else:
+            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def fuse(self) -> None:
+        self.mlp.fuse()                             # q/k/v are one matrix in the checkpoint already
+
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+        a = self.attention
+        x = take_rows(x, rows) + self_attention(
+            self.input_layernorm(x), a.query_key_value, None, None, a.dense, qkv_sizes=self.qkv_sizes,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
+            key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
+            q_norm=getattr(a, "query_layernorm", None), k_norm=getattr(a, "key_layernorm", None))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LLaDA2MoeModelLM(DiffusionLM):
+    config_class = LLaDA2MoeConfig
+    _no_split_modules = ["LLaDA2DecoderLayer"]
+    _keep_in_fp32_modules_strict = ["expert_bias"]   # selection bias: fp32 as in dInfer (lossless for bf16)
+    attention = Attention("block-causal", 32)         # H1's generate and the SFT config: blocks of 32
+    mask_fallback = 156895                            # H1's generate(mask_id=...); config.json has none
+    published_layout = "model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight, one tensor per expert"
+    cuda_graphs = False                               # routing decides shapes on the host
+
+    def __init__(self, config: LLaDA2MoeConfig):
+        super().__init__(config)
+        self.model = nn.Module()
+        self.model.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(LLaDA2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)
+        self.post_init()
+
+    @property
+    def embed(self):
+        return self.model.word_embeddings
+
+    @property
+    def blocks(self):
+        return self.model.layers
+
+    @property
+    def final_norm(self):
+        return self.model.norm
+
+    @property
+    def output_head(self):
+        return getattr(self, "lm_head", None)
+
+
+class BailingMoeV2Config(LLaDA2MoeConfig):
+    """The same configuration under the model_type dInfer also ships it as (Ling-2.0's autoregressive
+    models use it too, with other `architectures`: those are refused)."""
+    model_type = "bailing_moe_v2"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)

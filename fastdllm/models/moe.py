@@ -1,0 +1,169 @@
+"""The mixture-of-experts layer shared by LLaDA2.x (`llada2_moe`) and LLaDA-MoE (`llada` +
+`LLaDAMoEModelLM`): a router that picks k of E SwiGLU experts per token, the chosen experts'
+outputs weighted and summed, optionally plus always-on shared experts.
+
+The router variants are data (`Routing`) plus one small function each (`ROUTERS`); the expert
+computation is one function for both: the (token, slot) choices are sorted by expert, each expert
+that received tokens runs once on its contiguous segment (a loop over experts, never over tokens,
+never a dense evaluation of all E), and the weighted outputs are scattered back with one index_add.
+
+Every expert keeps its own `gate_proj` / `up_proj` / `down_proj` nn.Linear under the published
+tensor names, so bitsandbytes quantizes them and accelerate places them with their layer. The
+router matrix is a plain parameter, not an nn.Linear: bitsandbytes leaves it alone (it is small and
+decides everything), and it always runs at fp32 or better, as both references do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import at_least_fp32, fuse_linears, swiglu
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What a family's router does with the router logits; `score` names the ROUTERS entry."""
+    score: str                       # "sigmoid_grouped" (LLaDA2) | "softmax" (LLaDA-MoE, OLMoE-style)
+    experts: int                     # E
+    top_k: int                       # k = num_experts_per_tok
+    groups: int = 1                  # sigmoid_grouped: n_group (E/groups experts each)
+    top_groups: int = 1              # sigmoid_grouped: topk_group (groups a token may choose from)
+    scale: float = 1.0               # routed_scaling_factor
+
+    def problems(self) -> list[str]:
+        """Why this routing cannot work (empty when it can): the checks the references skip."""
+        found = []
+        if not 0 < self.top_k <= self.experts:
+            found.append(f"num_experts_per_tok {self.top_k} is not in 1..num_experts ({self.experts})")
+        if self.score == "sigmoid_grouped":
+            per_group = self.experts // self.groups if self.groups > 0 else 0
+            if self.groups <= 0 or self.experts % self.groups or per_group < 2:
+                found.append(f"num_experts {self.experts} does not split into n_group {self.groups} groups of 2 or more")
+            elif not 0 < self.top_groups <= self.groups:
+                found.append(f"topk_group {self.top_groups} is not in 1..n_group ({self.groups})")
+            elif self.top_k > self.top_groups * per_group:
+                found.append(f"num_experts_per_tok {self.top_k} exceeds the {self.top_groups * per_group} experts "
+                             f"of topk_group {self.top_groups} groups")
+        return found
+
+
+def sigmoid_grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
+    """LLaDA2 (docs/llada2-moe.md §5): sigmoid scores; the bias only chooses; a token picks its
+    `top_groups` best groups (a group's score: the sum of its two best biased scores), then its k best
+    experts inside them; weights are the unbiased scores, normalised (k > 1) and scaled."""
+    scores = logits.sigmoid()                                             # (N, E) unbiased
+    biased = scores if bias is None else scores + bias
+    N = biased.shape[0]
+    grouped = biased.view(N, r.groups, r.experts // r.groups)             # (N, G, E/G)
+    group_score = grouped.topk(2, dim=-1).values.sum(-1)                  # (N, G)
+    kept = group_score.topk(r.top_groups, dim=-1, sorted=False).indices   # (N, top_groups)
+    allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
+    candidates = grouped.masked_fill(~allowed[..., None], float("-inf")).view(N, r.experts)
+    experts = candidates.topk(r.top_k, dim=-1).indices                    # (N, k) best biased first
+    weights = scores.gather(1, experts)
+    if r.top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * r.scale, experts
+
+
+def softmax_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
+    """LLaDA-MoE (docs/llada-moe.md §4): softmax over all experts, plus the bias if any (it moves
+    the weights too), the k largest as they are: no renormalisation, no scaling, no groups."""
+    probs = logits.softmax(-1)                                            # (N, E)
+    if bias is not None:
+        probs = probs + bias
+    return probs.topk(r.top_k, dim=-1)                                    # weights, experts (N, k)
+
+
+ROUTERS = {"sigmoid_grouped": sigmoid_grouped_topk, "softmax": softmax_topk}
+
+
+class Router(nn.Module):
+    """`gate.weight` (E, d), and for LLaDA2 `gate.expert_bias` (E). forward(x (N, d), bias) ->
+    (weights (N, k) at fp32 or better, experts (N, k)); a forward hook on it sees every decision."""
+
+    def __init__(self, d: int, routing: Routing, expert_bias: bool = False):
+        super().__init__()
+        self.routing = routing
+        self.weight = nn.Parameter(torch.empty(routing.experts, d))
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(routing.experts))
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None):
+        dtype = at_least_fp32(x.dtype)
+        logits = F.linear(x.to(dtype), self.weight.to(dtype))              # (N, E)
+        bias = getattr(self, "expert_bias", bias)
+        return ROUTERS[self.routing.score](logits, None if bias is None else bias.to(dtype), self.routing)
+
+
+class SwiGLU(nn.Module):
+    """An expert, a shared expert or a dense MLP: down(silu(gate(x)) * up(x)), no bias."""
+
+    def __init__(self, d: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, inner, bias=False)
+        self.up_proj = nn.Linear(d, inner, bias=False)
+        self.down_proj = nn.Linear(inner, d, bias=False)
+
+    def fuse(self) -> None:
+        fuse_linears(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
+
+
+def run_experts(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, experts: nn.ModuleList) -> torch.Tensor:
+    """x (N, d), weights and chosen (N, k) -> sum over slots of weight * expert(x), (N, d) in the
+    weights' dtype (fp32 or better). The N*k (token, slot) pairs are sorted by expert; each expert
+    with tokens runs once on its contiguous segment; one index_add puts the results back."""
+    N, k = chosen.shape
+    flat = chosen.reshape(-1)                                             # (N*k,) expert of each pair
+    order = flat.argsort(stable=True)                                     # pairs grouped by expert
+    counts = torch.bincount(flat, minlength=len(experts)).tolist()        # the one host sync
+    token = order // k                                                    # (N*k,) token of each sorted pair
+    inputs = x[token]                                                     # (N*k, d) grouped by expert
+    outputs, start = [], 0
+    for expert, n in enumerate(counts):
+        if n:
+            outputs.append(experts[expert](inputs[start:start + n]))
+            start += n
+    total = x.new_zeros(x.shape, dtype=weights.dtype)
+    if outputs:
+        weighted = torch.cat(outputs).to(weights.dtype) * weights.reshape(-1)[order, None]
+        total.index_add_(0, token, weighted)
+    return total
+
+
+class SparseMoE(nn.Module):
+    """Routed experts under `mlp.gate` / `mlp.experts.{j}`, plus the shared experts where the
+    family keeps them under `mlp` (LLaDA2's `shared_experts`; LLaDA-MoE keeps its on the layer).
+    The weighted sum is accumulated at fp32 or better and cast back to the model dtype (LLaDA2's
+    order; LLaDA-MoE's bf16 accumulation differs only by rounding), then the shared output added."""
+
+    def __init__(self, d: int, inner: int, routing: Routing, *, expert_bias: str | None = None,
+                 shared: int | None = None):
+        """expert_bias: where the checkpoint keeps the router's bias, `gate.expert_bias` ("gate",
+        LLaDA2) or `expert_bias` ("mlp", LLaDA-MoE), or None. shared: the shared experts' width."""
+        super().__init__()
+        self.gate = Router(d, routing, expert_bias=expert_bias == "gate")
+        self.experts = nn.ModuleList(SwiGLU(d, inner) for _ in range(routing.experts))
+        if expert_bias == "mlp":
+            self.register_buffer("expert_bias", torch.zeros(routing.experts))
+        if shared:
+            self.shared_experts = SwiGLU(d, shared)
+
+    def fuse(self) -> None:
+        for module in self.modules():
+            if isinstance(module, SwiGLU):
+                module.fuse()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])                                 # (N, d)
+        weights, chosen = self.gate(flat, getattr(self, "expert_bias", None))
+        y = run_experts(flat, weights, chosen, self.experts).to(x.dtype).view_as(x)
+        if hasattr(self, "shared_experts"):
+            y = y + self.shared_experts(x)
+        return y
