@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 from fastdllm import loading
@@ -11,6 +12,15 @@ from fastdllm.tiny_random import FIXTURES, write_dream, write_llada   # FIXTURES
 # Sharper-than-usual random weights: varied tokens and confidences (median ~0.7), so that the
 # threshold and factor rules commit several tokens in some steps and one in others.
 VARIED = dict(init_std=0.3, logit_scale=2.0, fixtures=FIXTURES)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny float64 ops: threads only add overhead (and contend with other processes)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

@@ -17,12 +17,8 @@ from fastdllm.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()       # tiny float64 ops: threads only add overhead
-    torch.set_num_threads(1)
+def reference_bans_nothing(one_thread):
     ref.BANNED[:] = []
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

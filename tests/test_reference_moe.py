@@ -24,12 +24,8 @@ ALT_LLADA_MOE = dict(num_key_value_heads=2, shared_expert_intermediate_size=48, 
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()       # tiny float64 ops: threads only add overhead
-    torch.set_num_threads(1)
+def reference_bans_nothing(one_thread):
     ref.BANNED[:] = []
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import threading
 from dataclasses import replace
 
 import pytest
-import torch
 
 from fastdllm import loading
 from fastdllm.config import DecodeConfig
@@ -21,12 +20,7 @@ PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please.", "
            "Write a haiku about caches.", "def add(a, b):"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()             # tiny float64 ops: threads only add overhead
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -141,3 +141,35 @@ def _execution_device(module: nn.Module) -> torch.device:
     if device is not None:
         return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     return next(module.parameters()).device
+
+
+class DecoderStack(DiffusionLM):
+    """The layout the Qwen-style and Ling-style checkpoints share: `model.<embed_name>`,
+    `model.layers`, `model.norm`, and an `lm_head` unless tied to the embedding."""
+    embed_name = "embed_tokens"
+
+    def build_stack(self, config, layers) -> None:
+        self.model = nn.Module()
+        setattr(self.model, self.embed_name, nn.Embedding(config.vocab_size, config.hidden_size))
+        self.model.layers = nn.ModuleList(layers)
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.rope_theta = config.rope_theta
+
+    @property
+    def embed(self):
+        return getattr(self.model, self.embed_name)
+
+    @property
+    def blocks(self):
+        return self.model.layers
+
+    @property
+    def final_norm(self):
+        return self.model.norm
+
+    @property
+    def output_head(self):
+        return getattr(self, "lm_head", None)

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from ..cache_modes import Attention
-from .base import DiffusionLM
+from .base import DecoderStack
 from .layers import RMSNorm, self_attention, take_rows
 from .moe import Routing, SparseMoE, SwiGLU
 
@@ -104,7 +104,8 @@ class LLaDA2DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LLaDA2MoeModelLM(DiffusionLM):
+class LLaDA2MoeModelLM(DecoderStack):
+    embed_name = "word_embeddings"
     config_class = LLaDA2MoeConfig
     _no_split_modules = ["LLaDA2DecoderLayer"]
     _keep_in_fp32_modules_strict = ["expert_bias"]   # selection bias: fp32 as in dInfer (lossless for bf16)
@@ -115,32 +116,10 @@ class LLaDA2MoeModelLM(DiffusionLM):
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__(config)
-        self.model = nn.Module()
-        self.model.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleList(LLaDA2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.build_stack(config, (LLaDA2DecoderLayer(config, i) for i in range(config.num_hidden_layers)))
+        self.head_dim = config.head_dim
         self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)
         self.post_init()
-
-    @property
-    def embed(self):
-        return self.model.word_embeddings
-
-    @property
-    def blocks(self):
-        return self.model.layers
-
-    @property
-    def final_norm(self):
-        return self.model.norm
-
-    @property
-    def output_head(self):
-        return getattr(self, "lm_head", None)
 
 
 class BailingMoeV2Config(LLaDA2MoeConfig):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import PretrainedConfig
 
-from .base import DiffusionLM
+from .base import DecoderStack
 from .layers import RMSNorm, fuse_linears, self_attention, take_rows
 from .moe import Routing, SparseMoE, SwiGLU
 
@@ -119,7 +119,7 @@ class LLaDAMoEDecoderLayer(nn.Module):
         return x + y
 
 
-class LLaDAMoEModelLM(DiffusionLM):
+class LLaDAMoEModelLM(DecoderStack):
     config_class = LLaDAMoEConfig
     _no_split_modules = ["LLaDAMoEDecoderLayer"]
     _keep_in_fp32_modules_strict = ["expert_bias"]
@@ -129,29 +129,7 @@ class LLaDAMoEModelLM(DiffusionLM):
 
     def __init__(self, config: LLaDAMoEConfig):
         super().__init__(config)
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleList(LLaDAMoEDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.build_stack(config, (LLaDAMoEDecoderLayer(config, i) for i in range(config.num_hidden_layers)))
+        self.head_dim = config.head_dim
         self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)
         self.post_init()
-
-    @property
-    def embed(self):
-        return self.model.embed_tokens
-
-    @property
-    def blocks(self):
-        return self.model.layers
-
-    @property
-    def final_norm(self):
-        return self.model.norm
-
-    @property
-    def output_head(self):
-        return getattr(self, "lm_head", None)

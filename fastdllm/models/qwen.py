@@ -11,7 +11,7 @@ from typing import ClassVar
 from torch import nn
 from transformers import PretrainedConfig
 
-from .base import DiffusionLM
+from .base import DecoderStack
 from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
 
 
@@ -103,36 +103,14 @@ class QwenDecoderLayer(nn.Module):
         return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
 
 
-class QwenLM(DiffusionLM):
+class QwenLM(DecoderStack):
     """A Qwen decoder as a diffusion LM; subclasses set `config_class`, `bias`, `qk_norm`."""
     bias = True
     qk_norm = False
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.model.layers = nn.ModuleList(QwenDecoderLayer(config, bias=self.bias, qk_norm=self.qk_norm)
-                                          for _ in range(config.num_hidden_layers))
-        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.rope_theta = head_dim_of(config), config.rope_theta
+        self.build_stack(config, (QwenDecoderLayer(config, bias=self.bias, qk_norm=self.qk_norm)
+                                  for _ in range(config.num_hidden_layers)))
+        self.head_dim = head_dim_of(config)
         self.post_init()
-
-    @property
-    def embed(self):
-        return self.model.embed_tokens
-
-    @property
-    def blocks(self):
-        return self.model.layers
-
-    @property
-    def final_norm(self):
-        return self.model.norm
-
-    @property
-    def output_head(self):
-        return getattr(self, "lm_head", None)

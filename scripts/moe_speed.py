@@ -1,0 +1,500 @@
+#!/usr/bin/env python3
+"""Mixture-of-experts decoding cost against a dense model of the same active size, and the memory
+of the full MoE checkpoints (a benchmark, not a test; issue 14).
+
+    python scripts/moe_speed.py                                    # CPU, fp32: LLaDA2-mini per layer, 2 layers
+    python scripts/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
+    python scripts/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
+
+1. Per-step cost. The published config (fastdllm/published/<family>/config.json) with only
+   `--layers` (every one a MoE layer: the published dense layer 0 is left out, so the figures are
+   per MoE layer) and `--experts` changed, built in memory with random weights (std 0.02), against
+   a dense model of the same class, layers and attention whose MLP width is the active expert width
+   (LLaDA2-mini: 8 x 512 + 1 shared x 512 = 4608; LLaDA-MoE: 8 x 1024 = 8192), so that both have the
+   same parameters per token. A step is what decoding runs inside a block: `forward_span` over one
+   block of `--block` tokens (half of them masks by default) against a cache holding `--prefix`
+   tokens before it, logits at the block's masked positions; block-causal for LLaDA2 (its prefix-cache
+   step), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step). Fewer experts
+   change nothing in the compute of one token, but they change how many distinct experts the
+   block's tokens hit, and every expert hit is read once per step: that count (measured, and the
+   expectation under uniform routing) is printed beside the cost. The MoE model is timed twice:
+   with its random router (std 0.02 weights barely change a token's hidden state, so the block's
+   masks, one embedding row, all route alike: a low spread) and with k experts drawn uniformly per
+   token (the spread of a router that balances load within the block). A trained router lies
+   somewhere between; the two rows bracket the cost.
+2. The weights each step reads (the experts hit, the shared expert, attention, router, head; not
+   the embedding, of which only the block's rows are read) against the read bandwidth: the
+   weight-read bound (measured with one pass over a 1 GiB buffer unless `--bandwidth` is given).
+   Also an estimate of the published full-depth step from the per-layer times.
+3. Memory of the full published shapes at bf16 / 8-bit / 4-bit, from parameter counts as
+   `fastdllm info` computes them (checkpoint_info; the model is built on the meta device: no
+   weights), against 24 GiB and 12 GiB GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from math import prod
+from pathlib import Path
+
+import torch
+
+from fastdllm import loading
+from fastdllm.checkpoint_info import idle_expert_parameters, memory_estimate
+from fastdllm.config import DecodeConfig
+from fastdllm.cpu import bf16_note
+from fastdllm.engine import run
+from fastdllm.family_defaults import decode_defaults
+from fastdllm.models.moe import SparseMoE
+from fastdllm.tiny_moe import PUBLISHED, write_llada2_moe, write_llada_moe
+
+# name -> (published config folder, tiny checkpoint writer: tokenizer and special tokens only)
+SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe)}
+GPUS_GIB = (24, 12)
+HEADROOM_GIB = 1.0        # CUDA context, allocator slack, activations and logits of a step
+
+
+# --- shapes ----------------------------------------------------------------------------------------
+def published(name: str) -> dict:
+    return json.loads((PUBLISHED / SHAPES[name][0] / "config.json").read_text())
+
+
+def expert_width(raw: dict) -> int:
+    return raw.get("moe_intermediate_size") or raw["expert_intermediate_size"]
+
+
+def shared_width(raw: dict) -> int:
+    """LLaDA2: num_shared_experts experts of the expert width; LLaDA-MoE: its own key (None published)."""
+    if "num_shared_experts" in raw:
+        return (raw["num_shared_experts"] or 0) * raw["moe_intermediate_size"]
+    return raw.get("shared_expert_intermediate_size") or 0
+
+
+def active_width(raw: dict) -> int:
+    return raw["num_experts_per_tok"] * expert_width(raw) + shared_width(raw)
+
+
+def moe_config(raw: dict, layers: int, experts: int) -> dict:
+    """The published config with `layers` MoE layers and `experts` routed experts per layer."""
+    c = dict(raw, num_hidden_layers=layers, num_experts=experts)
+    if raw["model_type"] == "llada2_moe":
+        c["first_k_dense_replace"] = 0
+        if experts % raw["n_group"] or experts // raw["n_group"] < 2:     # groups must still split E
+            c["n_group"] = c["topk_group"] = 1
+    else:
+        c["moe_layer_freq"] = [1] * layers
+    return c
+
+
+def dense_config(raw: dict, layers: int) -> dict:
+    """The same class, attention and layers, every MLP dense and as wide as the active experts."""
+    c = dict(raw, num_hidden_layers=layers)
+    if raw["model_type"] == "llada2_moe":
+        c.update(first_k_dense_replace=layers, intermediate_size=active_width(raw))
+    else:
+        c.update(moe_layer_freq=[0] * layers, dense_intermediate_size=active_width(raw),
+                 shared_expert_intermediate_size=None)
+    return c
+
+
+def family(raw: dict):
+    """(config, model class) through the loader's own checks (malformed routing is refused)."""
+    return loading.family_of(raw, PUBLISHED / raw["model_type"])
+
+
+# --- models ----------------------------------------------------------------------------------------
+def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> loading.LoadedModel:
+    """speed.in_memory's job with `raw` as the whole config and the class the loader picks for it
+    (in_memory takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
+    the meta device and materialised once: one normal_ pass instead of three (nn.Linear's init,
+    transformers' init, then in_memory's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
+    config, model_cls = family(raw)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(lm.dtype)
+    try:
+        with torch.device("meta"):
+            model = model_cls(config)
+    finally:
+        torch.set_default_dtype(default)
+    model = model.to_empty(device=device).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)                                         # RMSNorm weights
+        for module in model.modules():
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                # the routers' selection bias: zero, in fp32 as the loader keeps it
+                module.register_buffer(name, torch.zeros(buffer.shape, device=device,
+                                                         dtype=torch.float32 if name == "expert_bias" else buffer.dtype))
+    model.prepare_for_inference()
+    lm.model = model
+    lm.info = loading.describe(lm)
+    return lm
+
+
+def nbytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def read_per_step(model, hits: list[int] | None) -> int:
+    """Bytes of weights one step reads: each layer's weights but its routed experts, plus hits[i]
+    routed experts of layer i, plus the final norm and the head (not the input embedding: only the
+    block's rows of it are read). hits None: every layer dense."""
+    total = nbytes(model.final_norm) + nbytes(model.embed if model.output_head is None else model.output_head)
+    for i, block in enumerate(model.blocks):
+        total += nbytes(block)
+        moe = next((m for m in block.modules() if isinstance(m, SparseMoE)), None)
+        if moe is not None:
+            total += hits[i] * nbytes(moe.experts[0]) - nbytes(moe.experts)
+    return total
+
+
+def expected_hits(experts: int, k: int, tokens: int) -> float:
+    """Distinct experts hit by `tokens` tokens choosing k distinct experts each, uniformly."""
+    return experts * (1 - (1 - k / experts) ** tokens)
+
+
+# --- timing ----------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Step:
+    """One decoding step's forward: the block [P, P+B) against the cache of a canvas of T slots
+    (prefix P, then gen_len), logits at the block's K masked positions (the last layer computes its
+    MLP, hence its routing, for those K rows only). The cache is filled once by a forward over the
+    whole canvas."""
+
+    def __init__(self, lm, args):
+        model, device = lm.model, lm.device
+        P, B = args.prefix, args.block
+        g = torch.Generator().manual_seed(0)
+        canvas = torch.randint(0, 4096, (1, P + args.gen_len), generator=g)
+        masked = torch.randperm(B, generator=g)[:max(1, round(args.masked * B))].sort().values
+        canvas[:, P + masked] = lm.specials.mask
+        canvas[:, P + B:] = lm.specials.mask
+        self.model, self.device, self.span = model, device, (P, P + B)
+        self.canvas = canvas.to(device)
+        self.positions = (P + masked).to(device)[None]             # (1, K): logits where masks are, as the engine asks
+        block_causal = model.attention.block
+        self.cache = model.new_cache(torch.ones_like(self.canvas, dtype=torch.bool), block=block_causal)
+        with torch.inference_mode():
+            model.forward_span(self.canvas, 0, self.canvas.shape[1], self.cache, self.positions)
+
+    def __call__(self):
+        return self.model.forward_span(self.canvas, *self.span, self.cache, self.positions)
+
+    def timed(self, reps: int) -> tuple[float, list[float]]:
+        """(ms per step, ms per decoder layer): medians of `reps` steps after a warm-up. The layer
+        times come from hooks that synchronise the device around each layer; on a GPU, where that
+        stops the host from queueing kernels ahead, the step time comes from runs without them."""
+        marks: list[float] = []
+
+        def mark(*_):
+            sync(self.device)
+            marks.append(time.perf_counter())
+        hooks = [h for b in self.model.blocks for h in (b.register_forward_pre_hook(mark), b.register_forward_hook(mark))]
+        steps, layers = [], []
+        try:
+            with torch.inference_mode():
+                for _ in range(reps + 1):
+                    marks.clear()
+                    steps.append(self.run_once())
+                    layers.append([1000 * (b - a) for a, b in zip(marks[::2], marks[1::2])])
+        finally:
+            for h in hooks:
+                h.remove()
+        if self.device.type != "cpu":
+            with torch.inference_mode():
+                steps = [self.run_once() for _ in range(reps + 1)]
+        return statistics.median(steps[1:]), [statistics.median(layer) for layer in zip(*layers[1:])]
+
+    def run_once(self) -> float:
+        sync(self.device)
+        start = time.perf_counter()
+        self()
+        sync(self.device)
+        return 1000 * (time.perf_counter() - start)
+
+    def expert_hits(self) -> list[int | None]:
+        """Distinct routed experts the block's tokens chose in each layer (None: a dense layer)."""
+        hits: list[int | None] = [None] * len(self.model.blocks)
+        hooks = []
+        for i, block in enumerate(self.model.blocks):
+            moe = next((m for m in block.modules() if isinstance(m, SparseMoE)), None)
+            if moe is not None:
+                hooks.append(moe.gate.register_forward_hook(
+                    lambda _m, _in, out, i=i: hits.__setitem__(i, int(out[1].unique().numel()))))
+        try:
+            with torch.inference_mode():
+                self()
+        finally:
+            for h in hooks:
+                h.remove()
+        return hits
+
+
+@contextmanager
+def uniform_routing(model, seed: int = 0):
+    """Every router's choice replaced by k distinct experts drawn uniformly for each token (its
+    weights kept): the spread of a router that balances load perfectly within a block."""
+    g = torch.Generator(device=model.input_device).manual_seed(seed)
+
+    def draw(router, _inputs, out):
+        weights, chosen = out
+        scores = torch.rand(chosen.shape[0], router.routing.experts, device=chosen.device, generator=g)
+        return weights, scores.topk(chosen.shape[1], dim=-1).indices
+    hooks = [m.gate.register_forward_hook(draw) for m in model.modules() if isinstance(m, SparseMoE)]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def read_bandwidth(device: torch.device) -> float:
+    """Bytes/s of one reading pass over a 1 GiB buffer (best of 3): what a weight-bound step can hope for."""
+    x = torch.ones(2**28, device=device)
+    best = float("inf")
+    for _ in range(4):
+        sync(device)
+        start = time.perf_counter()
+        x.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * x.element_size() / best
+
+
+def engine_ms(lm, args) -> tuple[float, int, float]:
+    """ms per forward, NFE and tokens per forward of the family's own decoding rule (engine.run,
+    no early stop) on a prompt of `--prefix` tokens; one block of warm-up not counted."""
+    cfg = DecodeConfig(**{**decode_defaults(lm.model.config.to_dict()), "gen_len": args.engine_gen_len,
+                          "early_stop": False})
+    prompt = torch.randint(0, 4096, (args.prefix,), generator=torch.Generator().manual_seed(0)).tolist()
+    run(lm.decoder, [prompt], DecodeConfig.from_dict({"gen_len": cfg.block_len}, cfg))
+    start = time.perf_counter()
+    result = run(lm.decoder, [prompt], cfg)
+    seconds = time.perf_counter() - start
+    return 1000 * seconds / result.nfe, result.nfe, result.committed / result.nfe
+
+
+# --- the three parts -------------------------------------------------------------------------------
+def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
+    raw = published(name)
+    layers = args.layers or raw["num_hidden_layers"]
+    experts = args.experts or raw["num_experts"]
+    k = raw["num_experts_per_tok"]
+    device = torch.device(args.device)
+    tiny = loading.load(SHAPES[name][1](tmp / name, num_hidden_layers=1), dtype=args.dtype, device=args.device)
+    rows = []
+    for kind, config in (("MoE", moe_config(raw, layers, experts)), ("dense", dense_config(raw, layers))):
+        start = time.perf_counter()
+        lm = random_model(tiny, config, device)
+        built = time.perf_counter() - start
+        step = Step(lm, args)
+        routings = args.routing.split(",") if kind == "MoE" else ["-"]
+        for routing in routings:
+            with uniform_routing(lm.model) if routing == "uniform" else nullcontext():
+                hits = step.expert_hits()
+                ms, layer_ms = step.timed(args.reps)
+                row = dict(label=kind if routing == "-" else f"{kind}, {routing}", kind=kind, ms=ms, layer_ms=layer_ms,
+                           hits=hits, params=lm.info["parameters"], active=active_parameters(lm.model),
+                           read=read_per_step(lm.model, hits if kind == "MoE" else None))
+                if args.engine:
+                    row["engine"] = engine_ms(lm, args)
+            rows.append(row)
+            print(f"{name} {row['label']}: built in {built:.0f} s, {ms:.1f} ms/step", file=sys.stderr, flush=True)
+        attention, K = lm.info["attention"], step.positions.shape[1]
+        del lm, step
+        tiny.model = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    dense, width = rows[-1], active_width(raw)
+    print(f"\n### {name}: {layers} MoE layers of {experts} experts x {expert_width(raw)} (k = {k}"
+          f"{f', shared {shared_width(raw)}' if shared_width(raw) else ''}) against {layers} dense layers x {width}\n")
+    print(f"hidden {raw['hidden_size']}, {raw['num_attention_heads']} heads / {raw['num_key_value_heads']} KV heads, "
+          f"vocab {raw['vocab_size']}, {attention} attention. Step: a block of {args.block} tokens, {K} of "
+          f"them masks (logits there), against {args.prefix} cached tokens, canvas {args.prefix + args.gen_len}; "
+          f"median of {args.reps} steps after a warm-up. Experts hit: distinct experts per layer, chosen by the "
+          f"block's {args.block} tokens (in the last layer by the {K} rows whose logits are asked for; "
+          f"uniform routing expects {expected_hits(experts, k, args.block):.0f} and "
+          f"{expected_hits(experts, k, K):.0f}). `router`: the random router (std 0.02: a block's masks, one "
+          f"embedding row, route alike); `uniform`: k experts drawn uniformly per token.\n")
+    head = ("| model | parameters built (active / token) | experts hit per layer (of E) | ms / step | "
+            "ms per layer | head and rest ms | weights read / step | x read bound |")
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    for r in rows:
+        hits = f"{', '.join(map(str, r['hits']))} (of {experts})" if r["kind"] == "MoE" else f"- (MLP {width})"
+        bound = 1000 * r["read"] / bandwidth
+        print(f"| {r['label']} | {r['params'] / 1e9:.2f} B ({r['active'] / 1e9:.2f} B) | {hits} | {r['ms']:.1f} | "
+              f"{', '.join(f'{t:.1f}' for t in r['layer_ms'])} | {r['ms'] - sum(r['layer_ms']):.1f} | "
+              f"{r['read'] / 2**30:.2f} GiB | {r['ms'] / bound:.1f} |")
+    print()
+    for r in rows[:-1]:
+        per_layer = ", ".join(f"{m / d:.2f}x" for m, d in zip(r["layer_ms"], dense["layer_ms"]))
+        print(f"- {r['label']} / dense: **{r['ms'] / dense['ms']:.2f}x per step** ({layers} layers and the head), "
+              f"per layer {per_layer}; weights read per step {r['read'] / dense['read']:.2f}x")
+        full_estimate(raw, r, dense, experts, layers)
+    if args.engine:
+        for r in rows:
+            ms, nfe, tpf = r["engine"]
+            print(f"- engine, the family's rule ({args.engine_gen_len} tokens, prompt {args.prefix}): "
+                  f"{r['label']} {ms:.1f} ms/forward, NFE {nfe}, {tpf:.2f} tokens/forward")
+
+
+def active_parameters(model) -> int:
+    """Parameters one token uses: all but (E - k) / E of the routed experts (checkpoint_info's count)."""
+    idle = 0
+    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+        r = moe.gate.routing
+        idle += sum(p.numel() for p in moe.experts.parameters()) * (r.experts - r.top_k) // r.experts
+    return sum(p.numel() for p in model.parameters()) - idle
+
+
+def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) -> None:
+    """The published depth from the measured parts: head and rest, the dense layers, the MoE layers
+    (all but the last as the measured full-span layers, the last as the measured last layer)."""
+    if layers < 2:
+        print("  - published depth: not estimated (needs --layers 2 or more: a full-span layer and the last)")
+        return
+    L = raw["num_hidden_layers"]
+    n_dense = raw["first_k_dense_replace"] if "first_k_dense_replace" in raw else \
+        sum(1 for f in raw["moe_layer_freq"][:L] if not f)
+    moe_full, dense_full = (statistics.median(r["layer_ms"][:-1]) for r in (moe, dense))
+    est_moe = moe["ms"] - sum(moe["layer_ms"]) + n_dense * dense_full + (L - 1 - n_dense) * moe_full + moe["layer_ms"][-1]
+    est_dense = dense["ms"] - sum(dense["layer_ms"]) + (L - 1) * dense_full + dense["layer_ms"][-1]
+    note = f" (its dense layer{'s' if n_dense > 1 else ''} timed as {active_width(raw)} wide)" if n_dense else ""
+    spread = "" if experts == raw["num_experts"] else \
+        f"; {experts} experts, not the published {raw['num_experts']}: the published spread (hence cost) is " \
+        f"{'larger' if experts < raw['num_experts'] else 'smaller'}"
+    hits = statistics.mean(moe["hits"][:-1])
+    print(f"  - published depth, {L} layers{note}: estimated {est_moe:.0f} ms/step against dense "
+          f"{est_dense:.0f} ms/step, **{est_moe / est_dense:.2f}x** (mean experts hit per full-span layer "
+          f"{hits:.0f}){spread}")
+
+
+def memory(args) -> None:
+    """`fastdllm info`'s estimate (checkpoint_info) for the full published shapes, from the tensor
+    shapes a checkpoint would hold: the model built on the meta device, nothing allocated."""
+    canvas = args.prompt_len + args.gen_len_memory
+    print(f"\n### Memory of the full published shapes (weights + bf16 KV cache of {canvas} tokens, as "
+          f"`fastdllm info -n {args.gen_len_memory} --prompt-len {args.prompt_len}`)\n")
+    print("| shape | parameters | active / token | weights | bf16 | 8-bit | 4-bit |")
+    print("|---|---|---|---|---|---|---|")
+    fits = []
+    for name in SHAPES:
+        raw = published(name)
+        config, model_cls = family(raw)
+        with torch.device("meta"):
+            model = model_cls(config)
+        shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+        info = shape_info(shapes, config)
+        est = memory_estimate(info, canvas)
+        cells = []
+        for q, e in est.items():
+            total = e["total"] / 2**30
+            cells.append(f"{total:.1f} GiB")
+            fits.append(f"{name} {q}: " + ", ".join(
+                f"{gpu} GiB {'yes' if total <= gpu - HEADROOM_GIB else 'no'} ({gpu - total:+.1f} GiB left)" for gpu in GPUS_GIB))
+        print(f"| {name} | {info['parameters'] / 1e9:.2f} B | {info['active_parameters'] / 1e9:.2f} B | "
+              f"bf16 {est['bf16']['weights'] / 2**30:.1f} GiB, cache {est['bf16']['cache'] / 2**20:.0f} MiB | "
+              + " | ".join(cells) + " |")
+        del model
+    print(f"\nFits a GPU when weights + cache leave {HEADROOM_GIB:.0f} GiB free (CUDA context, allocator, "
+          f"a step's activations and logits); 8- and 4-bit are bitsandbytes on the blocks' matrices "
+          f"(routers, embedding and head stay bf16; NF4 adds an fp32 scale per 64 weights):\n")
+    for line in fits:
+        print(f"- {line}")
+
+
+def shape_info(shapes: dict, config) -> dict:
+    """The fields memory_estimate reads, computed as checkpoint_info.inspect_checkpoint does."""
+    parameters = sum(prod(s) for s in shapes.values())
+    in_blocks = sum(prod(s) for n, s in shapes.items()
+                    if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))
+    kv_rows = next((s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")), None) \
+        or config.num_key_value_heads * config.head_dim
+    return {"parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
+            "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * config.num_hidden_layers * kv_rows * 2}
+
+
+def device_name(device: torch.device, dtype: str) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
+    model = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"cpu: {model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, ISA " \
+           f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype == "bf16" else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="llada2-mini", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--layers", type=int, default=None, help="MoE layers built (default: 2 on CPU, the published count on a GPU)")
+    ap.add_argument("--experts", type=int, default=None, help="routed experts per layer (default: the published count)")
+    ap.add_argument("--prefix", type=int, default=256, help="cached tokens before the block (also the --engine prompt)")
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--gen-len", type=int, default=128, help="canvas slots from the block on")
+    ap.add_argument("--masked", type=float, default=0.5, help="fraction of the block's tokens that are masks (at least one)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--routing", default="router,uniform", help="MoE choices timed: router (the random router's), uniform")
+    ap.add_argument("--dtype", default=None, help="fp32 (CPU default) or bf16 (GPU default)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the read bound (default: measured)")
+    ap.add_argument("--engine", action="store_true", help="also decode with the engine and the family's rule")
+    ap.add_argument("--engine-gen-len", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128, help="memory estimate: prompt tokens")
+    ap.add_argument("--gen-len-memory", type=int, default=256, help="memory estimate: generated tokens")
+    ap.add_argument("--skip-speed", action="store_true", help="only the memory table")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    if args.layers is None and device.type == "cpu":
+        args.layers = 2
+    load = os.getloadavg()                     # before this script's own work
+    bandwidth = args.bandwidth or read_bandwidth(device)
+    conditions = [("device", device_name(device, args.dtype)), ("dtype", args.dtype), ("torch", torch.__version__),
+                  ("load average (1, 5, 15 min) at start", " ".join(f"{x:.2f}" for x in load)),
+                  ("read bandwidth", f"{bandwidth / 1e9:.1f} GB/s ({'given' if args.bandwidth else 'measured: one pass over 1 GiB'})"),
+                  ("shapes", ", ".join(f"{n} ({args.layers or published(n)['num_hidden_layers']} MoE layers, "
+                                       f"{args.experts or published(n)['num_experts']} experts)" for n in args.shapes.split(","))),
+                  ("step", f"block {args.block}, {args.masked:.0%} masks, {args.prefix} cached tokens, canvas "
+                           f"{args.prefix + args.gen_len}, median of {args.reps}"),
+                  ("weights", "random (std 0.02), built in memory")]
+    print("# MoE against dense of the same active size (scripts/moe_speed.py)\n\n| condition | value |\n|---|---|")
+    for key, value in conditions:
+        print(f"| {key} | {value} |")
+    if not args.skip_speed:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.shapes.split(","):
+                speed(name, args, Path(tmp), bandwidth)
+    memory(args)
+
+
+if __name__ == "__main__":
+    main()
