@@ -1,7 +1,7 @@
 """Random-weight checkpoints of the two MoE diffusion families in their published layouts:
 LLaDA2.x-mini (`llada2_moe`, docs/llada2-moe.md) and LLaDA-MoE-7B-A1B (`llada` + `LLaDAMoEModelLM`,
 docs/llada-moe.md). Written tensor by tensor with safetensors (no fastdllm model class): config.json
-= the reconstructed published one (fastdllm/published/<family>/config.json, every key, published
+= the reconstructed published one (fastdllm/published/<checkpoint>/config.json, every key, published
 order) with the sizes shrunk, the published tensor names, sharded with `model.safetensors.index.json`.
 
 Tokenizer: the real Ling tokenizer (157k tokens) is not available here, so the fixtures reuse the
@@ -26,6 +26,8 @@ import torch
 from safetensors.torch import save_file
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
+# model_type -> the checkpoint whose config.json is kept under PUBLISHED (fastdllm/published/README.md)
+PUBLISHED_DIRS = {"llada2_moe": "LLaDA2.1-mini", "llada_moe": "LLaDA-MoE-7B-A1B-Instruct"}
 BASE_TOKENIZER = Path(__file__).resolve().parent / "builtin" / "tiny-code" / "tokenizer.json"
 
 BASE_VOCAB = 4096                                   # tiny-code's BPE
@@ -172,8 +174,13 @@ _EXTRA_KEYS = {"llada2_moe": {"use_qk_norm", "mask_token_id", "eos_token_id", "t
                "llada_moe": {"dense_intermediate_size", "rms_norm_eps", "mask_token_id", "bos_token_id"}}
 
 
+def published_config(family: str) -> dict:
+    """The published config.json of `family` (a model_type of PUBLISHED_DIRS)."""
+    return json.loads((PUBLISHED / PUBLISHED_DIRS[family] / "config.json").read_text())
+
+
 def _config(family: str, overrides: dict, drop_keys, tiny: dict) -> dict:
-    c = json.loads((PUBLISHED / family / "config.json").read_text())
+    c = published_config(family)
     unknown = set(overrides) - set(c) - set(tiny) - _EXTRA_KEYS[family]
     if unknown:
         raise ValueError(f"not a {family} config key: {sorted(unknown)}")

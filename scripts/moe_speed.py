@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -43,129 +42,19 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
-from math import prod
 from pathlib import Path
 
 import torch
 
 from fastdllm import loading
-from fastdllm.checkpoint_info import idle_expert_parameters, memory_estimate
 from fastdllm.config import DecodeConfig
 from fastdllm.cpu import bf16_note
 from fastdllm.engine import run
 from fastdllm.family_defaults import decode_defaults
 from fastdllm.models.moe import SparseMoE
-from fastdllm.tiny_moe import PUBLISHED, write_llada2_moe, write_llada_moe
-
-# name -> (published config folder, tiny checkpoint writer: tokenizer and special tokens only)
-SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe)}
-GPUS_GIB = (24, 12)
-HEADROOM_GIB = 1.0        # CUDA context, allocator slack, activations and logits of a step
-
-
-# --- shapes ----------------------------------------------------------------------------------------
-def published(name: str) -> dict:
-    return json.loads((PUBLISHED / SHAPES[name][0] / "config.json").read_text())
-
-
-def expert_width(raw: dict) -> int:
-    return raw.get("moe_intermediate_size") or raw["expert_intermediate_size"]
-
-
-def shared_width(raw: dict) -> int:
-    """LLaDA2: num_shared_experts experts of the expert width; LLaDA-MoE: its own key (None published)."""
-    if "num_shared_experts" in raw:
-        return (raw["num_shared_experts"] or 0) * raw["moe_intermediate_size"]
-    return raw.get("shared_expert_intermediate_size") or 0
-
-
-def active_width(raw: dict) -> int:
-    return raw["num_experts_per_tok"] * expert_width(raw) + shared_width(raw)
-
-
-def moe_config(raw: dict, layers: int, experts: int) -> dict:
-    """The published config with `layers` MoE layers and `experts` routed experts per layer."""
-    c = dict(raw, num_hidden_layers=layers, num_experts=experts)
-    if raw["model_type"] == "llada2_moe":
-        c["first_k_dense_replace"] = 0
-        if experts % raw["n_group"] or experts // raw["n_group"] < 2:     # groups must still split E
-            c["n_group"] = c["topk_group"] = 1
-    else:
-        c["moe_layer_freq"] = [1] * layers
-    return c
-
-
-def dense_config(raw: dict, layers: int) -> dict:
-    """The same class, attention and layers, every MLP dense and as wide as the active experts."""
-    c = dict(raw, num_hidden_layers=layers)
-    if raw["model_type"] == "llada2_moe":
-        c.update(first_k_dense_replace=layers, intermediate_size=active_width(raw))
-    else:
-        c.update(moe_layer_freq=[0] * layers, dense_intermediate_size=active_width(raw),
-                 shared_expert_intermediate_size=None)
-    return c
-
-
-def family(raw: dict):
-    """(config, model class) through the loader's own checks (malformed routing is refused)."""
-    return loading.family_of(raw, PUBLISHED / raw["model_type"])
-
-
-# --- models ----------------------------------------------------------------------------------------
-def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> loading.LoadedModel:
-    """speed.in_memory's job with `raw` as the whole config and the class the loader picks for it
-    (in_memory takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
-    the meta device and materialised once: one normal_ pass instead of three (nn.Linear's init,
-    transformers' init, then in_memory's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
-    config, model_cls = family(raw)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(lm.dtype)
-    try:
-        with torch.device("meta"):
-            model = model_cls(config)
-    finally:
-        torch.set_default_dtype(default)
-    model = model.to_empty(device=device).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.02)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)                                         # RMSNorm weights
-        for module in model.modules():
-            for name, buffer in list(module.named_buffers(recurse=False)):
-                # the routers' selection bias: zero, in fp32 as the loader keeps it
-                module.register_buffer(name, torch.zeros(buffer.shape, device=device,
-                                                         dtype=torch.float32 if name == "expert_bias" else buffer.dtype))
-    model.prepare_for_inference()
-    lm.model = model
-    lm.info = loading.describe(lm)
-    return lm
-
-
-def nbytes(module: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
-
-
-def read_per_step(model, hits: list[int] | None) -> int:
-    """Bytes of weights one step reads: each layer's weights but its routed experts, plus hits[i]
-    routed experts of layer i, plus the final norm and the head (not the input embedding: only the
-    block's rows of it are read). hits None: every layer dense."""
-    total = nbytes(model.final_norm) + nbytes(model.embed if model.output_head is None else model.output_head)
-    for i, block in enumerate(model.blocks):
-        total += nbytes(block)
-        moe = next((m for m in block.modules() if isinstance(m, SparseMoE)), None)
-        if moe is not None:
-            total += hits[i] * nbytes(moe.experts[0]) - nbytes(moe.experts)
-    return total
-
-
-def expected_hits(experts: int, k: int, tokens: int) -> float:
-    """Distinct experts hit by `tokens` tokens choosing k distinct experts each, uniformly."""
-    return experts * (1 - (1 - k / experts) ** tokens)
+from moe_memory import add_memory_args, memory   # scripts/moe_memory.py: the memory table (part 3)
+from moe_shapes import (SHAPES, active_parameters, active_width, dense_config, expected_hits,  # scripts/moe_shapes.py
+                        expert_width, moe_config, published, random_model, read_per_step, shared_width)
 
 
 # --- timing ----------------------------------------------------------------------------------------
@@ -359,15 +248,6 @@ def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
                   f"{r['label']} {ms:.1f} ms/forward, NFE {nfe}, {tpf:.2f} tokens/forward")
 
 
-def active_parameters(model) -> int:
-    """Parameters one token uses: all but (E - k) / E of the routed experts (checkpoint_info's count)."""
-    idle = 0
-    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
-        r = moe.gate.routing
-        idle += sum(p.numel() for p in moe.experts.parameters()) * (r.experts - r.top_k) // r.experts
-    return sum(p.numel() for p in model.parameters()) - idle
-
-
 def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) -> None:
     """The published depth from the measured parts: head and rest, the dense layers, the MoE layers
     (all but the last as the measured full-span layers, the last as the measured last layer)."""
@@ -388,51 +268,6 @@ def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) 
     print(f"  - published depth, {L} layers{note}: estimated {est_moe:.0f} ms/step against dense "
           f"{est_dense:.0f} ms/step, **{est_moe / est_dense:.2f}x** (mean experts hit per full-span layer "
           f"{hits:.0f}){spread}")
-
-
-def memory(args) -> None:
-    """`fastdllm info`'s estimate (checkpoint_info) for the full published shapes, from the tensor
-    shapes a checkpoint would hold: the model built on the meta device, nothing allocated."""
-    canvas = args.prompt_len + args.gen_len_memory
-    print(f"\n### Memory of the full published shapes (weights + bf16 KV cache of {canvas} tokens, as "
-          f"`fastdllm info -n {args.gen_len_memory} --prompt-len {args.prompt_len}`)\n")
-    print("| shape | parameters | active / token | weights | bf16 | 8-bit | 4-bit |")
-    print("|---|---|---|---|---|---|---|")
-    fits = []
-    for name in SHAPES:
-        raw = published(name)
-        config, model_cls = family(raw)
-        with torch.device("meta"):
-            model = model_cls(config)
-        shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-        info = shape_info(shapes, config)
-        est = memory_estimate(info, canvas)
-        cells = []
-        for q, e in est.items():
-            total = e["total"] / 2**30
-            cells.append(f"{total:.1f} GiB")
-            fits.append(f"{name} {q}: " + ", ".join(
-                f"{gpu} GiB {'yes' if total <= gpu - HEADROOM_GIB else 'no'} ({gpu - total:+.1f} GiB left)" for gpu in GPUS_GIB))
-        print(f"| {name} | {info['parameters'] / 1e9:.2f} B | {info['active_parameters'] / 1e9:.2f} B | "
-              f"bf16 {est['bf16']['weights'] / 2**30:.1f} GiB, cache {est['bf16']['cache'] / 2**20:.0f} MiB | "
-              + " | ".join(cells) + " |")
-        del model
-    print(f"\nFits a GPU when weights + cache leave {HEADROOM_GIB:.0f} GiB free (CUDA context, allocator, "
-          f"a step's activations and logits); 8- and 4-bit are bitsandbytes on the blocks' matrices "
-          f"(routers, embedding and head stay bf16; NF4 adds an fp32 scale per 64 weights):\n")
-    for line in fits:
-        print(f"- {line}")
-
-
-def shape_info(shapes: dict, config) -> dict:
-    """The fields memory_estimate reads, computed as checkpoint_info.inspect_checkpoint does."""
-    parameters = sum(prod(s) for s in shapes.values())
-    in_blocks = sum(prod(s) for n, s in shapes.items()
-                    if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))
-    kv_rows = next((s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")), None) \
-        or config.num_key_value_heads * config.head_dim
-    return {"parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
-            "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * config.num_hidden_layers * kv_rows * 2}
 
 
 def device_name(device: torch.device, dtype: str) -> str:
@@ -466,8 +301,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the read bound (default: measured)")
     ap.add_argument("--engine", action="store_true", help="also decode with the engine and the family's rule")
     ap.add_argument("--engine-gen-len", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, default=128, help="memory estimate: prompt tokens")
-    ap.add_argument("--gen-len-memory", type=int, default=256, help="memory estimate: generated tokens")
+    add_memory_args(ap)
     ap.add_argument("--skip-speed", action="store_true", help="only the memory table")
     args = ap.parse_args()
     if args.threads:

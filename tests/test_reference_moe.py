@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import reference_moe as ref
-from fastdllm.tiny_moe import (BOS_ID, EOS_ID, MASK_ID, PUBLISHED, ROLE_END_ID, TOKENIZER_LEN, VOCAB_SIZE,
+from fastdllm.tiny_moe import (BOS_ID, EOS_ID, MASK_ID, PUBLISHED, PUBLISHED_DIRS, ROLE_END_ID, TOKENIZER_LEN, VOCAB_SIZE,
                                write_llada2_moe, write_llada_moe)
 
 PROMPT = torch.randint(6, 4000, (40,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -47,7 +47,7 @@ def llada_moe(dirs):
 
 
 def published(family):
-    return json.loads((PUBLISHED / family / "config.json").read_text())
+    return json.loads((PUBLISHED / PUBLISHED_DIRS[family] / "config.json").read_text())
 
 
 # ---------------------------------------------------------------- checkpoint files

@@ -1,0 +1,131 @@
+"""The published MoE shapes of scripts/moe_speed.py and scripts/moe_memory.py: their configs (as
+published, cut to fewer MoE layers or experts, or turned dense at the active expert width), the
+random-weight models built from them, and what a step of those models reads.
+"""
+
+from __future__ import annotations
+
+
+import torch
+
+from fastdllm import loading
+from fastdllm.models.moe import SparseMoE
+from fastdllm.tiny_moe import PUBLISHED, published_config, write_llada2_moe, write_llada_moe
+
+# name -> (model_type of the published config, tiny checkpoint writer: tokenizer and special tokens only)
+SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe)}
+
+
+# --- shapes ----------------------------------------------------------------------------------------
+def published(name: str) -> dict:
+    return published_config(SHAPES[name][0])
+
+
+def expert_width(raw: dict) -> int:
+    return raw.get("moe_intermediate_size") or raw["expert_intermediate_size"]
+
+
+def shared_width(raw: dict) -> int:
+    """LLaDA2: num_shared_experts experts of the expert width; LLaDA-MoE: its own key (None published)."""
+    if "num_shared_experts" in raw:
+        return (raw["num_shared_experts"] or 0) * raw["moe_intermediate_size"]
+    return raw.get("shared_expert_intermediate_size") or 0
+
+
+def active_width(raw: dict) -> int:
+    return raw["num_experts_per_tok"] * expert_width(raw) + shared_width(raw)
+
+
+def moe_config(raw: dict, layers: int, experts: int) -> dict:
+    """The published config with `layers` MoE layers and `experts` routed experts per layer."""
+    c = dict(raw, num_hidden_layers=layers, num_experts=experts)
+    if raw["model_type"] == "llada2_moe":
+        c["first_k_dense_replace"] = 0
+        if experts % raw["n_group"] or experts // raw["n_group"] < 2:     # groups must still split E
+            c["n_group"] = c["topk_group"] = 1
+    else:
+        c["moe_layer_freq"] = [1] * layers
+    return c
+
+
+def dense_config(raw: dict, layers: int) -> dict:
+    """The same class, attention and layers, every MLP dense and as wide as the active experts."""
+    c = dict(raw, num_hidden_layers=layers)
+    if raw["model_type"] == "llada2_moe":
+        c.update(first_k_dense_replace=layers, intermediate_size=active_width(raw))
+    else:
+        c.update(moe_layer_freq=[0] * layers, dense_intermediate_size=active_width(raw),
+                 shared_expert_intermediate_size=None)
+    return c
+
+
+def family(raw: dict):
+    """(config, model class) through the loader's own checks (malformed routing is refused)."""
+    return loading.family_of(raw, PUBLISHED)          # the path only names the config in errors
+
+
+# --- models ----------------------------------------------------------------------------------------
+def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> loading.LoadedModel:
+    """speed.in_memory's job with `raw` as the whole config and the class the loader picks for it
+    (in_memory takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
+    the meta device and materialised once: one normal_ pass instead of three (nn.Linear's init,
+    transformers' init, then in_memory's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
+    config, model_cls = family(raw)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(lm.dtype)
+    try:
+        with torch.device("meta"):
+            model = model_cls(config)
+    finally:
+        torch.set_default_dtype(default)
+    model = model.to_empty(device=device).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)                                         # RMSNorm weights
+        for module in model.modules():
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                # the routers' selection bias: zero, in fp32 as the loader keeps it
+                module.register_buffer(name, torch.zeros(buffer.shape, device=device,
+                                                         dtype=torch.float32 if name == "expert_bias" else buffer.dtype))
+    model.prepare_for_inference()
+    lm.model = model
+    lm.info = loading.describe(lm)
+    return lm
+
+
+def nbytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def read_per_step(model, hits: list[int] | None) -> int:
+    """Bytes of weights one step reads: each layer's weights but its routed experts, plus hits[i]
+    routed experts of layer i, plus the final norm and the head (not the input embedding: only the
+    block's rows of it are read). hits None: every layer dense."""
+    total = nbytes(model.final_norm) + nbytes(model.embed if model.output_head is None else model.output_head)
+    for i, block in enumerate(model.blocks):
+        total += nbytes(block)
+        moe = next((m for m in block.modules() if isinstance(m, SparseMoE)), None)
+        if moe is not None:
+            total += hits[i] * nbytes(moe.experts[0]) - nbytes(moe.experts)
+    return total
+
+
+def expected_hits(experts: int, k: int, tokens: int) -> float:
+    """Distinct experts hit by `tokens` tokens choosing k distinct experts each, uniformly."""
+    return experts * (1 - (1 - k / experts) ** tokens)
+
+
+def active_parameters(model) -> int:
+    """Parameters one token uses: all but (E - k) / E of the routed experts (checkpoint_info's count)."""
+    idle = 0
+    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+        r = moe.gate.routing
+        idle += sum(p.numel() for p in moe.experts.parameters()) * (r.experts - r.top_k) // r.experts
+    return sum(p.numel() for p in model.parameters()) - idle
+
