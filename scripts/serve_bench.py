@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import torch
@@ -62,7 +63,7 @@ class Server:
     def __init__(self, args, max_batch: int):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-c", "from fastdllm.cli.app import main; main()", "serve",
+        self.command = [str(Path(sys.executable).with_name("fastdllm")), "serve",
                         "--port", str(self.port), "--max-batch", str(max_batch), "--max-queue", "1024",
                         "--dtype", args.dtype, "--device", args.device]
         self.command += ["-m", args.model] if args.model else []

@@ -9,17 +9,22 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
-MAIN = "from fastdllm.cli.app import main; main()"
+# the installed command (a `python -c` run from the checkout would import the source tree's
+# `fastdllm`, which has no `cli` subpackage when the project is installed normally, as in CI)
+COMMAND = str(Path(sys.executable).with_name("fastdllm"))
+
+
 class ServerProcess:
     """`fastdllm serve --port 0 ARGS` in a child process; its stderr is collected line by line."""
 
     def __init__(self, *args: str, startup_s: float = 120.0):
         env = {k: v for k, v in os.environ.items() if not k.startswith("FASTDLLM_")}
         env["OMP_NUM_THREADS"] = "1"        # tiny models: threads only add overhead (and contend with the tests)
-        self.proc = subprocess.Popen([sys.executable, "-c", MAIN, "serve", "--port", "0", *map(str, args)],
+        self.proc = subprocess.Popen([COMMAND, "serve", "--port", "0", *map(str, args)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, env=env)
         self.lines: list[str] = []
