@@ -21,13 +21,7 @@ PROMPT = torch.randint(0, 150000, (70,), generator=torch.Generator().manual_seed
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny float64 ops: one thread is much faster than two competing ones (and than oversubscription)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,9 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .base import DecoderStack
-from .layers import RMSNorm, fuse_linears, self_attention, take_rows
+from .layers import RMSNorm, fuse_linears
 from .moe import Routing, SparseMoE, SwiGLU
+from .qwen import attention_residual
 
 REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
             "num_experts_per_tok", "expert_intermediate_size", "moe_layer_freq", "rope_theta", "partial_rotary_factor")
@@ -106,12 +107,7 @@ class LLaDAMoEDecoderLayer(nn.Module):
             self.shared_expert.fuse()
 
     def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        a = self.self_attn
-        x = take_rows(x, rows) + self_attention(
-            self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
-            key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
-            q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
+        x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
         m = self.post_attention_layernorm(x)
         y = self.mlp(m)
         if hasattr(self, "shared_expert"):

@@ -93,14 +93,20 @@ class QwenDecoderLayer(nn.Module):
         fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)
 
     def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        a = self.self_attn
-        x = take_rows(x, rows) + self_attention(
-            self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
-            key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
-            q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
+        x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
         m = self.mlp
         return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+
+
+def attention_residual(block: nn.Module, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+    """x + attention(input_layernorm(x)) of a Qwen-style layer (`self_attn.{q,k,v,o}_proj`, q/k
+    norms where present; its n_heads, n_kv_heads, head_dim), at `rows` only when given."""
+    a = block.self_attn
+    return take_rows(x, rows) + self_attention(
+        block.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+        n_heads=block.n_heads, n_kv_heads=block.n_kv_heads, head_dim=block.head_dim, cos=cos, sin=sin,
+        key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
+        q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
 
 
 class QwenLM(DecoderStack):
