@@ -42,17 +42,29 @@ def generate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No stats line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Detailed timing and memory stats.")] = False,
     no_live: Annotated[bool, typer.Option("--no-live", help="No live view, even on a terminal.")] = False,
+    suffix: Annotated[Optional[str], typer.Option("--suffix", help="Infilling: text after the answer; the answer (-n tokens) is decoded between PROMPT and it.", rich_help_panel="Infilling")] = None,
+    suffix_file: Annotated[Optional[Path], typer.Option("--suffix-file", help="Infilling: read the suffix from a file.", rich_help_panel="Infilling")] = None,
+    infill_file: Annotated[Optional[Path], typer.Option("--infill", help="Infilling: a template file ('-': stdin) with holes <|mask:N|> (N tokens) or <|mask|> (-n tokens); prints the completed text.", rich_help_panel="Infilling")] = None,
+    trim: Annotated[bool, typer.Option("--infill-trim/--no-infill-trim", help="Cut each hole at its first end-of-text token (the padding of a hole longer than its fill).", rich_help_panel="Infilling")] = True,
     *, opts: RunOptions,
 ):
-    """Generate an answer to PROMPT, showing block-by-block unmasking."""
+    """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
     from fastdllm.engine import run
     from fastdllm.rules import describe
     from fastdllm.view import BlockStreamer, stats_block, stats_line
 
+    live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
+    if infill_file is not None or suffix is not None or suffix_file is not None:
+        from .infill import fill, template_parts
+
+        if chat:
+            raise UsageError("--chat: infilling works on raw text (the template is the whole canvas)")
+        parts, form = template_parts(prompt, file, suffix, suffix_file, infill_file, read_prompt)
+        lm, profile, cfg = prepare(opts)
+        return fill(lm, profile, cfg, parts, form, trim=trim, json_out=json_out, live=live, quiet=quiet, verbose=verbose)
     text = read_prompt(prompt, file)
     lm, profile, cfg = prepare(opts)
     ids = lm.encode(text, chat=chat)
-    live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}"
     view = live_view(lm, ids, cfg, header) if live else None
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)

@@ -13,6 +13,9 @@ the slots after that are padding it never decodes.
   Rows are left-padded by whole blocks so that their first decoded blocks (each holding its
   prompt's tail) coincide; everything before that is prefilled once. Finished blocks are final, so
   a row is the same whether decoded alone or in a batch.
+- infilling (plan_infill, bidirectional only): one row of text with holes anywhere; the blocks run
+  over the masked positions only, `block_len` of them at a time in canvas order (a block may span
+  several short holes, with the text between them inside its span but never a candidate).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Canvas:
     width: int                    # generated positions reported per row (from its start)
     blocks: list[tuple[int, int]]  # canvas spans decoded in order
     prefill: int                  # block-causal: [0, prefill) is computed once before the blocks
+    holes: list[tuple[int, int]] | None = None   # infilling: row 0's holes; the rest is fixed text
 
     @property
     def length(self) -> int:
@@ -108,6 +112,30 @@ def _block_causal(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas
     return Canvas(host, valid, starts, ends, width, blocks, first)
 
 
+def plan_infill(row: list[int], holes: list[tuple[int, int]], cfg, *, mask: int, context_length: int,
+                causal: bool, shifted: bool, name: str = "this model") -> Canvas:
+    """The canvas of one template row (infill.Filling: text tokens, mask ids at its holes)."""
+    if causal:
+        raise UserError(f"{name} cannot fill holes: its attention is causal between blocks, so what it writes "
+                        f"never sees the text after it (infilling needs a bidirectional family: LLaDA, Dream)")
+    if not holes:
+        raise UserError("nothing to fill: the template has no holes")
+    if len(row) > context_length:
+        raise UserError(f"the template with its holes is {len(row)} tokens ({sum(e - s for s, e in holes)} in "
+                        f"holes); the model's context is {context_length} tokens")
+    if shifted and holes[0][0] == 0:
+        raise UserError(f"the template starts with a hole, but {name} predicts each token from the one before "
+                        f"it: put some text before the first hole")
+    masked = [p for s, e in holes for p in range(s, e)]
+    chunks = [masked[i:i + cfg.block_len] for i in range(0, len(masked), cfg.block_len)]
+    host = torch.tensor([row], dtype=torch.long)
+    if not bool((host[0, masked] == mask).all()) or int((host == mask).sum()) != len(masked):
+        raise ValueError("the row's mask ids and its holes disagree")
+    start, end = holes[0][0], holes[-1][1]
+    return Canvas(host, torch.ones_like(host, dtype=torch.bool), [start], [end], end - start,
+                  [(c[0], c[-1] + 1) for c in chunks], 0, list(holes))
+
+
 def generated(canvas: Canvas, mask: int) -> torch.Tensor:
     """(B, width): each row's generated region from its start (mask ids past its end)."""
     out = torch.full((canvas.host.shape[0], canvas.width), mask, dtype=torch.long)
@@ -120,10 +148,10 @@ def generated(canvas: Canvas, mask: int) -> torch.Tensor:
 def answer_ended(canvas: Canvas, stops: torch.Tensor, mask: int) -> torch.Tensor:
     """(B,) bool: nothing before the row's end can change any more: a stop token stands in its
     generated region with no mask before it (block-causal decoding may stop there, mid-block), or
-    no mask is left in the region (a row shorter than the batch's longest)."""
+    no mask is left in the region (a row shorter than the batch's longest; infilling: only this)."""
     region = generated(canvas, mask)
     stop = torch.isin(region, stops)
     pending = (region == mask).long().cumsum(1) > 0                  # at or after the first mask
     lengths = torch.tensor([e - s for s, e in zip(canvas.starts, canvas.ends)])
     full = ~((region == mask) & (torch.arange(region.shape[1])[None, :] < lengths[:, None])).any(1)
-    return (stop & ~pending).any(1) | full
+    return full if canvas.holes else (stop & ~pending).any(1) | full

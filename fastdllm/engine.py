@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 
 from .cache_modes import CACHE_MODES, span_for
-from .canvas import answer_ended, generated, plan
+from .canvas import answer_ended, generated, plan, plan_infill
 from .config import DecodeConfig
 from .decoding import fixed_schedule, predict, select
 from .events import BlockEvent, Event, Result, StepEvent
@@ -39,6 +39,7 @@ class Decoder:
     specials: "SpecialTokens"
     detokenize: Callable[[list[int]], str]
     context_length: int
+    name: str = "this model"        # for messages
 
     @property
     def device(self) -> torch.device:
@@ -46,10 +47,11 @@ class Decoder:
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
-             gen_lens: list[int] | None = None) -> Iterator[Event]:
+             gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None) -> Iterator[Event]:
     """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`; `gen_lens`: each
-    row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row)."""
-    batch = Batch(decoder, prompts, cfg, gen_lens)
+    row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row).
+    Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded."""
+    batch = Batch(decoder, prompts, cfg, gen_lens, holes)
     yield from batch.events()
     yield batch.result()
 
@@ -61,13 +63,19 @@ class Batch:
     of their lengths, plan the next batch)."""
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
-                 gen_lens: list[int] | None = None):
+                 gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None):
         model, specials = decoder.model, decoder.specials
         self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
         self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
         self.causal = model.attention.kind == "block-causal"
-        self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
-                           context_length=decoder.context_length, gen_lens=self.gen_lens)
+        if holes is not None:
+            if len(prompts) != 1 or gen_lens is not None:
+                raise ValueError("infilling decodes one template row at a time")
+            self.canvas = plan_infill(prompts[0], holes, cfg, mask=specials.mask, context_length=decoder.context_length,
+                                      causal=self.causal, shifted=bool(model.logit_shift), name=decoder.name)
+        else:
+            self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
+                               context_length=decoder.context_length, gen_lens=self.gen_lens)
         device = decoder.device
         _reset_peak_memory(device)
         self.started = time.perf_counter()
@@ -139,7 +147,13 @@ class Batch:
         total = time.perf_counter() - self.started
         region = self.generated()
         stops = torch.tensor(specials.stops)
-        answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
+        if canvas.holes:                    # infilling: each hole up to its end token, joined
+            fills = [canvas.host[0, s:e] for s, e in canvas.holes]
+            holes = [[f.tolist() for f in fills]]
+            answers = [[t for f in fills for t in answer_ids(f, stops, specials.mask)]]
+        else:
+            holes = None
+            answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
         peak, kind = _peak_memory(self.decoder.device)
         return Result(
             ids=answers, texts=[self.decoder.detokenize(a) for a in answers],
@@ -147,13 +161,14 @@ class Batch:
             blocks_decoded=self.blocks_done, early_stopped=self.blocks_done < len(canvas.blocks),
             seconds_first_step=self.first_step or 0.0, seconds_total=total,
             peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=self.cache.nbytes, config=self.cfg,
-            batch=len(self.prompts))
+            batch=len(self.prompts), holes=holes)
 
 
 def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
-        on_event: Callable[[StepEvent | BlockEvent], None] | None = None) -> Result:
+        on_event: Callable[[StepEvent | BlockEvent], None] | None = None,
+        holes: list[tuple[int, int]] | None = None) -> Result:
     """Drain `generate`, passing step and block events to `on_event`; return the Result."""
-    for event in generate(decoder, prompts, cfg):
+    for event in generate(decoder, prompts, cfg, holes=holes):
         if isinstance(event, Result):
             return event
         if on_event is not None:

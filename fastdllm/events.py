@@ -36,6 +36,7 @@ class BlockEvent:
 @dataclass
 class Result:
     ids: list[list[int]]        # per row: the answer, up to (not including) its end token
+                                # (infilling: each hole up to its end token, joined)
     texts: list[str]
     canvas: torch.Tensor        # (B, gen_len) everything decoded (mask ids where early stop skipped)
     prompt_tokens: list[int]
@@ -50,6 +51,7 @@ class Result:
     cache_bytes: int
     config: DecodeConfig
     batch: int = field(default=1)
+    holes: list[list[list[int]]] | None = None   # infilling: per row, each hole's tokens as decoded
 
     @property
     def generated_tokens(self) -> int:

@@ -52,7 +52,7 @@ class LoadedModel:
         """What the engine needs of this model (engine.Decoder)."""
         from .engine import Decoder
 
-        return Decoder(self.model, self.specials, self.detokenize, self.context_length)
+        return Decoder(self.model, self.specials, self.detokenize, self.context_length, self.path.name)
 
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,80 @@
+"""`fastdllm generate --suffix/--suffix-file/--infill`: fill a hole between a prompt and a suffix,
+or the holes of a template (fastdllm/infill.py). Raw text only; the answer is the filled text."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from fastdllm.errors import UsageError, UserError
+
+from .common import argument_text, err_console, keys_not_echoed, utf8
+
+
+def template_parts(prompt: str | None, file: Path | None, suffix: str | None, suffix_file: Path | None,
+                   template_file: Path | None, read_prompt) -> tuple[list, str]:
+    """(infill.parse parts, "suffix" | "template") from the flags; usage errors for mixed forms."""
+    from fastdllm import infill
+
+    if template_file is not None:
+        if prompt is not None or file is not None or suffix is not None or suffix_file is not None:
+            raise UsageError("--infill FILE holds the whole text: give no prompt, -f, --suffix or --suffix-file with it")
+        return infill.parse(read_text(template_file, "--infill")), "template"
+    if suffix is not None and suffix_file is not None:
+        raise UsageError("give --suffix TEXT or --suffix-file FILE, not both")
+    text = (argument_text(suffix, "--suffix") if suffix is not None else read_text(suffix_file, "--suffix-file"))
+    if not text:
+        raise UsageError("the suffix is empty: leave --suffix out to generate without one")
+    return [read_prompt(prompt, file), None, text], "suffix"
+
+
+def read_text(path: Path, flag: str) -> str:
+    if str(path) == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        return utf8(stream.read(), f"{flag} on stdin") if stream else sys.stdin.read()
+    try:
+        return utf8(path.read_bytes(), f"{flag} {path}")
+    except OSError as e:
+        raise UserError(f"{flag}: cannot read {path}: {e.strerror or e}") from None
+
+
+def fill(lm, profile, cfg, parts: list, form: str, *, trim: bool, json_out: bool, live: bool, quiet: bool,
+         verbose: bool) -> None:
+    from fastdllm import infill
+    from fastdllm.engine import run
+    from fastdllm.rules import describe
+    from fastdllm.view import InfillCanvas, stats_block, stats_line
+
+    encode = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
+    mask_text = lm.tokenizer.convert_ids_to_tokens(lm.specials.mask)
+    filling = infill.tokenize(parts, encode, mask=lm.specials.mask, default_len=cfg.gen_len, mask_text=mask_text)
+    header = (f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)} · "
+              f"{len(filling.holes)} hole{'s' * (len(filling.holes) > 1)}")
+    view = InfillCanvas(err_console, lm.tokenizer, header, filling.ids, filling.holes, cfg.block_len,
+                        lm.specials.stops) if live else None
+    with view or nullcontext(), keys_not_echoed():
+        result = run(lm.decoder, [filling.ids], cfg, on_event=view.update if view else None, holes=filling.holes)
+    stops = set(lm.specials.stops)
+    kept = [infill.cut(h, stops, trim) for h in result.holes[0]]
+    texts = [lm.tokenizer.decode(ids, skip_special_tokens=trim) for ids in kept]
+    if json_out:
+        record = dict(result.to_dict(), profile=profile.name, model=lm.info, trim=trim)
+        record["timings"] = {"load_s": lm.info["load_seconds"], **record["timings"]}
+        if form == "suffix":
+            record.update(text=texts[0], prefix=filling.texts[0], middle=texts[0], suffix=filling.texts[1])
+        else:
+            record["text"] = infill.completed(filling, texts)
+        record["holes"] = [{"index": i, "length": e - s, "ids": ids, "text": text}
+                           for i, ((s, e), ids, text) in enumerate(zip(filling.holes, kept, texts))]
+        sys.stdout.write(json.dumps(record) + "\n")
+        return
+    out = texts[0] if form == "suffix" else infill.completed(filling, texts)
+    sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    sys.stdout.flush()
+    if verbose:
+        err_console.print(stats_block(result, lm.info, view.overhead if view else None), style="dim")
+    elif not quiet:
+        err_console.print(stats_line(result), style="dim")
+
