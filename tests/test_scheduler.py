@@ -202,3 +202,28 @@ def test_sampled_jobs_are_decoded_alone_and_reproduce_their_seed(llada64):
     for name, prompt in zip("abc", prompts):
         assert got.last(name).mean_batch == 1
         assert got.last(name).ids == run(llada64.decoder, [prompt], cfg).ids[0]
+
+
+def test_an_infilling_job_is_decoded_alone_beside_a_batch(llada64, sdar64):
+    from fastdllm import infill
+    from fastdllm.serve.protocol import ApiError, Server, prepare_completion
+
+    cfg = DecodeConfig(gen_len=16, block_len=8, cache="dual", threshold=0.7)
+    prompt, suffix = llada64.encode("def f(x):\n", chat=False), llada64.encode("\n    return y\n", chat=False)
+    ids = prompt + [llada64.specials.mask] * 16 + suffix
+    alone = run(llada64.decoder, [ids], cfg, holes=[(len(prompt), len(prompt) + 16)])
+    plain = [llada64.encode(p) for p in PROMPTS[:2]]
+    c = Collector()
+    jobs = [c.job("fill", prompt, cfg, suffix=suffix), *(c.job(f"p{i}", p, cfg) for i, p in enumerate(plain))]
+    s = scheduler(llada64, max_batch=4)
+    for job in jobs:
+        s.submit(job)
+    c.wait([j.id for j in jobs])
+    s.shutdown()
+    assert c.last("fill").ids == infill.cut(alone.holes[0][0], set(llada64.specials.stops), True)
+    assert c.last("fill").text == alone.texts[0] and c.last("fill").mean_batch == 1.0
+    for i, p in enumerate(plain):
+        assert c.last(f"p{i}").ids == run(llada64.decoder, [p], cfg).ids[0]
+    server = Server(sdar64, DecodeConfig(gen_len=16, block_len=4), "default", {})
+    with pytest.raises(ApiError, match="cannot fill holes"):
+        prepare_completion({"model": "tiny-sdar", "prompt": "x", "suffix": "y"}, server)

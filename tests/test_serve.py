@@ -110,6 +110,19 @@ def test_step_stream_reports_every_commit(builtin_server):
     assert "".join(e["choices"][0]["text"] for e in events[:-2]) == whole.choices[0].text
 
 
+def test_suffix_fills_the_middle_as_generate_suffix_does(builtin_server):
+    suffix = "\n    return total\n"
+    c = client(builtin_server)
+    whole = c.completions.create(model="tiny-code", prompt=PROMPT + "\n", suffix=suffix, max_tokens=20)
+    record = generate_json("-n", "32", "--suffix", suffix, PROMPT + "\n")     # 20: one block of 32
+    assert whole.choices[0].text == record["middle"]
+    assert whole.model_extra["fastdllm"]["completion_ids"] == record["holes"][0]["ids"]
+    assert whole.usage.completion_tokens == record["generated_tokens"] and whole.usage.nfe == record["nfe"]
+    chunks = list(c.completions.create(model="tiny-code", prompt=PROMPT + "\n", suffix=suffix, max_tokens=20,
+                                       stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == record["middle"]
+
+
 def test_chat_without_a_template_is_a_plain_transcript(builtin_server):
     c = client(builtin_server)
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": PROMPT}]
@@ -171,7 +184,9 @@ BAD = [  # (path, body: dict or raw bytes, status, words the one-line message mu
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "n": 2}, 400, "n=1"),
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "top_p": 0.5}, 400, "top_p"),
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "logprobs": 3}, 400, "logprobs"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "suffix": "x"}, 400, "not supported yet"),
+    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "suffix": 5}, 400, "suffix: expected a string"),
+    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "suffix": "x", "max_tokens": 4090}, 400,
+     "the suffix (1 tokens)"),
     ("/completions", {"model": "tiny-code", "prompt": [PROMPT, PROMPT]}, 400, "one per request"),
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"threshold": 2}}, 400, "threshold"),

@@ -106,6 +106,7 @@ class Prepared:
     stream: bool = False
     include_usage: bool = False
     plain_chat: bool = False        # no chat template: the answer is cut and stripped as in `fastdllm chat`
+    suffix: list[int] | None = None  # infilling: the answer is decoded between prompt and suffix
 
     def info(self) -> dict:
         """The `fastdllm` object of a response: what was decoded for this request."""
@@ -163,8 +164,7 @@ def chat_limit(req: ChatRequest) -> int | None:
 
 def prepare_completion(body: Any, server: Server) -> Prepared:
     req = validated(CompletionRequest, body)
-    if req.suffix is not None:
-        raise ApiError(400, "suffix is not supported yet (infilling comes later)", param="suffix")
+    suffix = infill_suffix(req.suffix, server)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
@@ -176,7 +176,25 @@ def prepare_completion(body: Any, server: Server) -> Prepared:
         ids = token_ids(prompt, server.lm)
     else:
         raise ApiError(400, "prompt: expected a string, a list of one string, or a list of token ids", param="prompt")
-    return prepare(req, server, ids, req.max_tokens, "prompt")
+    if suffix is not None and not ids and server.lm.model.logit_shift:
+        raise ApiError(400, f"prompt: empty, but {server.model_name} predicts each token from the one before it: "
+                            f"infilling needs some text before the hole", param="prompt")
+    return prepare(req, server, ids, req.max_tokens, "prompt", suffix=suffix)
+
+
+def infill_suffix(suffix: Any, server: Server) -> list[int] | None:
+    """OpenAI's `suffix`: the text after the answer (infilling); None or "" for none."""
+    if suffix is None or suffix == "":
+        return None
+    if not isinstance(suffix, str):
+        raise ApiError(400, "suffix: expected a string", param="suffix")
+    if server.lm.model.attention.kind == "block-causal":
+        raise ApiError(400, f"suffix: {server.model_name} cannot fill holes: its attention is causal between "
+                            f"blocks, so what it writes never sees the suffix", param="suffix")
+    ids = server.lm.encode(suffix, chat=False)
+    if server.lm.specials.mask in ids:
+        raise ApiError(400, "suffix: it holds the model's mask token", param="suffix")
+    return ids
 
 
 def text_of(content: Any, param: str) -> str:
@@ -205,7 +223,7 @@ def token_ids(ids: list[int], lm) -> list[int]:
 
 
 def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int | None, prompt_param: str,
-            extra_stop: tuple[str, ...] = ()) -> Prepared:
+            extra_stop: tuple[str, ...] = (), suffix: list[int] | None = None) -> Prepared:
     if req.model != server.model_name:
         raise ApiError(404, f"model '{req.model}' not found (this server serves '{server.model_name}')",
                        param="model", code="model_not_found")
@@ -218,12 +236,12 @@ def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int 
             raise ApiError(400, f"{name}: not supported (only {allowed})", param=name)
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"max_tokens: must be at least 1 (got {max_tokens})", param="max_tokens")
-    if not ids:
+    if not ids and suffix is None:
         raise ApiError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
-    cfg, profile, steps, wanted = decode_config(req, server, max_tokens, len(ids), prompt_param)
+    cfg, profile, steps, wanted = decode_config(req, server, max_tokens, len(ids), prompt_param, len(suffix or ()))
     return Prepared(ids, cfg, wanted, profile, stop_strings(req.stop) + extra_stop, steps,
                     bool(req.stream), bool(req.stream and req.stream_options and req.stream_options.include_usage),
-                    plain_chat=bool(extra_stop))
+                    plain_chat=bool(extra_stop), suffix=suffix)
 
 
 def same(value: Any, off: Any) -> bool:
@@ -240,7 +258,7 @@ def stop_strings(stop: Any) -> tuple[str, ...]:
 
 
 def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, prompt_len: int,
-                  prompt_param: str) -> tuple[DecodeConfig, str, bool, int]:
+                  prompt_param: str, suffix_len: int = 0) -> tuple[DecodeConfig, str, bool, int]:
     """The request's DecodeConfig, validated by the CLI's code: the server's profile and flags (or the
     request's profile re-resolved under the server's flags), then the `fastdllm` object, then the
     top-level temperature and seed. Returns (config, profile name, stream steps?, max_tokens)."""
@@ -266,9 +284,10 @@ def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, pr
     wanted = max_tokens or base.gen_len
     canvas = block_end(wanted, block)
     causal = server.lm.model.attention.kind == "block-causal"
-    needed = block_end(prompt_len + canvas, block) if causal else prompt_len + canvas
+    needed = block_end(prompt_len + canvas, block) if causal else prompt_len + canvas + suffix_len
     if needed > server.lm.context_length:
-        raise ApiError(400, f"the prompt ({prompt_len} tokens) and the answer's canvas ({canvas} tokens for "
+        suffix = f", the suffix ({suffix_len} tokens)" if suffix_len else ""
+        raise ApiError(400, f"the prompt ({prompt_len} tokens){suffix} and the answer's canvas ({canvas} tokens for "
                             f"max_tokens {wanted}) need {needed} tokens; this model's context is "
                             f"{server.lm.context_length}", param=prompt_param, code="context_length_exceeded")
     try:

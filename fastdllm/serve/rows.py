@@ -19,13 +19,18 @@ def sampled(cfg: DecodeConfig) -> bool:
     return cfg.temperature > 0 or cfg.confidence == "random"
 
 
+def alone(job: Job) -> bool:
+    """Decoded in a batch of its own: a sampled job (its seed reproduces its answer) and an
+    infilling one (its canvas is its own: prompt, hole, suffix)."""
+    return sampled(job.cfg) or job.suffix is not None
+
+
 def batch_key(job: Job) -> tuple:
-    """Jobs with equal keys share a batch: the same settings per block (their lengths may differ).
-    A sampled job's key is its own, so it is decoded alone and its seed reproduces its answer."""
+    """Jobs with equal keys share a batch: the same settings per block (their lengths may differ)."""
     cfg = job.cfg
     per_block = replace(cfg, gen_len=cfg.block_len, steps=None if cfg.steps is None else cfg.steps_per_block,
                         seed=cfg.seed if sampled(cfg) else 0)
-    return per_block, job.id if sampled(cfg) else None
+    return per_block, job.id if alone(job) else None
 
 
 def config_for(key: tuple, gen_len: int) -> DecodeConfig:
@@ -65,6 +70,20 @@ class Row:
     def context(self) -> list[int]:
         """What the next batch is planned with: the prompt and the finished blocks."""
         return self.job.prompt + self.decided
+
+    def batch(self, rows: list["Row"], cfg: DecodeConfig):
+        """The engine Batch of `rows` (this one first) under cfg; an infilling row is alone, its
+        canvas the prompt, cfg.gen_len masks (its region) and the suffix."""
+        from ..engine import Batch
+
+        suffix = self.job.suffix
+        if suffix is None:
+            return Batch(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows])
+        if len(rows) != 1 or self.decided:
+            raise RuntimeError("an infilling row is decoded alone, in one batch")
+        n = len(self.job.prompt)
+        ids = self.job.prompt + [self.decoder.specials.mask] * self.region + suffix
+        return Batch(self.decoder, [ids], cfg, holes=[(n, n + self.region)])
 
     @property
     def remaining(self) -> int:

@@ -14,7 +14,8 @@ Re-planning is exact: under bidirectional attention every block starts with a fu
 canvas anyway, and under block-causal attention the finished blocks are recomputed once (prefill)
 with the same, final, keys and values. A greedy row's tokens are therefore the ones it gets alone
 (tests/test_scheduler.py checks this in float64). Sampled jobs (temperature > 0, or random
-confidence) are decoded alone, so that a seed reproduces `fastdllm generate --seed`.
+confidence) are decoded alone, so that a seed reproduces `fastdllm generate --seed`; so are
+infilling jobs (OpenAI's `suffix`: a canvas of prompt, hole and suffix), which never re-plan.
 """
 
 from __future__ import annotations
@@ -102,8 +103,6 @@ class Scheduler:
 
     def _decode(self, rows: list[Row]) -> None:
         """Decode `rows` (and whoever joins them) until every row has finished."""
-        from ..engine import Batch
-
         key = batch_key(rows[0].job)
         while rows:
             self._admit(rows, key)
@@ -111,7 +110,7 @@ class Scheduler:
             for row in rows:
                 row.planned()
             try:
-                batch = Batch(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows])
+                batch = rows[0].batch(rows, cfg)
             except UserError as e:                  # the app checks lengths first; this is a guard
                 for row in rows:
                     row.job.deliver(Failed(400, str(e)))
