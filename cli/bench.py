@@ -62,8 +62,8 @@ def bench(
     factor: Annotated[Optional[str], typer.Option("--factor", help="Factors for rows using the factor rule, comma list.")] = None,
     batch_size: Annotated[str, typer.Option("--batch-size", "-b", help="Prompts decoded together, comma list.")] = "1",
     early_stop: Annotated[Optional[bool], typer.Option("--early-stop/--no-early-stop", help="Stop after the answer ends (default: on). Off decodes the whole canvas, as the paper's measurements do.")] = None,
-    prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Built-in prompts: code | math | chat (default: chat if the model has a chat template, else code).")] = None,
-    prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field, or one prompt per line.")] = None,
+    prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Built-in prompts: code | math | chat | infill (default: chat if the model has a chat template, else code). infill: prefix/suffix pairs from the built-in model's held-out sources, the answer decoded between them.")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field (and a \"suffix\" on every line: infilling), or one prompt per line.")] = None,
     n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Timed runs of every row (mean and std of tokens/s).")] = 1,
@@ -104,6 +104,8 @@ def bench(
     chosen = chosen and chosen.take(n)
     model_dir = resolve_model_dir(model)
     cases = runner.expand(rows, sweep, model_dir)
+    if chosen is not None:
+        runner.check_infilling(chosen, cases, chat)
     for param in runner.SWEPT_PARAMS:
         if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")

@@ -55,13 +55,10 @@ def generate(
 
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     if infill_file is not None or suffix is not None or suffix_file is not None:
-        from .infill import fill, template_parts
+        from .infill import infill
 
-        if chat:
-            raise UsageError("--chat: infilling works on raw text (the template is the whole canvas)")
-        parts, form = template_parts(prompt, file, suffix, suffix_file, infill_file, read_prompt)
-        lm, profile, cfg = prepare(opts)
-        return fill(lm, profile, cfg, parts, form, trim=trim, json_out=json_out, live=live, quiet=quiet, verbose=verbose)
+        return infill(opts, prompt, file, suffix, suffix_file, infill_file, chat=chat, trim=trim, json_out=json_out,
+                      live=live, quiet=quiet, verbose=verbose)
     text = read_prompt(prompt, file)
     lm, profile, cfg = prepare(opts)
     ids = lm.encode(text, chat=chat)

@@ -10,11 +10,31 @@ from pathlib import Path
 
 from fastdllm.errors import UsageError, UserError
 
-from .common import argument_text, err_console, keys_not_echoed, utf8
+from .common import RunOptions, argument_text, err_console, keys_not_echoed, prepare, utf8
+from .generate import read_prompt
+
+
+def infill(opts: RunOptions, prompt, file, suffix, suffix_file, template_file, *, chat: bool | None, trim: bool,
+           **output) -> None:
+    """The infilling form of `generate`. `-n` is the hole's length (of --suffix and of `<|mask|>`),
+    any number of tokens; the config's gen_len is that rounded up to whole blocks (the blocks run
+    over the holes' masks, at most as many as the config has)."""
+    from dataclasses import replace
+
+    from fastdllm.canvas import block_end
+
+    if chat:
+        raise UsageError("--chat: infilling works on raw text (the template is the whole canvas)")
+    parts, form = template_parts(prompt, file, suffix, suffix_file, template_file)
+    hole = opts.decode["gen_len"]
+    lm, profile, cfg = prepare(replace(opts, decode={**opts.decode, "gen_len": None}))
+    hole = hole or cfg.gen_len
+    cfg = replace(cfg, gen_len=block_end(hole, cfg.block_len))
+    fill(lm, profile, cfg, parts, form, hole=hole, trim=trim, **output)
 
 
 def template_parts(prompt: str | None, file: Path | None, suffix: str | None, suffix_file: Path | None,
-                   template_file: Path | None, read_prompt) -> tuple[list, str]:
+                   template_file: Path | None) -> tuple[list, str]:
     """(infill.parse parts, "suffix" | "template") from the flags; usage errors for mixed forms."""
     from fastdllm import infill
 
@@ -40,8 +60,8 @@ def read_text(path: Path, flag: str) -> str:
         raise UserError(f"{flag}: cannot read {path}: {e.strerror or e}") from None
 
 
-def fill(lm, profile, cfg, parts: list, form: str, *, trim: bool, json_out: bool, live: bool, quiet: bool,
-         verbose: bool) -> None:
+def fill(lm, profile, cfg, parts: list, form: str, *, hole: int, trim: bool, json_out: bool, live: bool,
+         quiet: bool, verbose: bool) -> None:
     from fastdllm import infill
     from fastdllm.engine import run
     from fastdllm.rules import describe
@@ -49,7 +69,7 @@ def fill(lm, profile, cfg, parts: list, form: str, *, trim: bool, json_out: bool
 
     encode = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
     mask_text = lm.tokenizer.convert_ids_to_tokens(lm.specials.mask)
-    filling = infill.tokenize(parts, encode, mask=lm.specials.mask, default_len=cfg.gen_len, mask_text=mask_text)
+    filling = infill.tokenize(parts, encode, mask=lm.specials.mask, default_len=hole, mask_text=mask_text)
     header = (f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)} · "
               f"{len(filling.holes)} hole{'s' * (len(filling.holes) > 1)}")
     view = InfillCanvas(err_console, lm.tokenizer, header, filling.ids, filling.holes, cfg.block_len,

@@ -154,10 +154,11 @@ class Batch:
         else:
             holes = None
             answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
+        in_holes = sum(e - s for s, e in canvas.holes or ())      # infilling: the row's masks are no prompt
         peak, kind = _peak_memory(self.decoder.device)
         return Result(
             ids=answers, texts=[self.decoder.detokenize(a) for a in answers],
-            canvas=region, prompt_tokens=[len(p) for p in self.prompts], nfe=self.nfe, committed=self.committed,
+            canvas=region, prompt_tokens=[len(p) - in_holes for p in self.prompts], nfe=self.nfe, committed=self.committed,
             blocks_decoded=self.blocks_done, early_stopped=self.blocks_done < len(canvas.blocks),
             seconds_first_step=self.first_step or 0.0, seconds_total=total,
             peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=self.cache.nbytes, config=self.cfg,

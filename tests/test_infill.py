@@ -177,7 +177,7 @@ def test_suffix_json_gives_prefix_middle_suffix_and_the_figures(llada_dir, llada
     f = filling_of(llada64, "def f(x):\n<|mask:16|>\n    return y\n")
     alone = run(llada64.decoder, [f.ids], DecodeConfig(gen_len=16, block_len=8, cache="dual"), holes=f.holes)
     assert d["holes"][0]["ids"] == infill.cut(alone.holes[0][0], set(llada64.specials.stops), True)
-    assert d["generated_tokens"] == len(d["holes"][0]["ids"])
+    assert d["generated_tokens"] == len(d["holes"][0]["ids"]) and d["prompt_tokens"] == f.text_tokens
 
 
 def test_template_file_prints_the_completed_text(llada_dir, tmp_path):
@@ -230,11 +230,44 @@ def test_trim_cuts_each_hole_at_its_end_token(llada_dir, capsys):
     assert any(eos in h[:-1] for h in raw), raw                  # some hole holds padding before its end
     records = {}
     for trim in (True, False):
-        fill(lm, type("Profile", (), {"name": "default"}), cfg, infill.parse(TEMPLATE), "template", trim=trim,
-             json_out=True, live=False, quiet=True, verbose=False)
+        fill(lm, type("Profile", (), {"name": "default"}), cfg, infill.parse(TEMPLATE), "template", hole=8,
+             trim=trim, json_out=True, live=False, quiet=True, verbose=False)
         records[trim] = json.loads(capsys.readouterr().out)
     for h, trimmed, kept in zip(raw, records[True]["holes"], records[False]["holes"]):
         assert kept["ids"] == h
         assert trimmed["ids"] == h[:h.index(eos)] if eos in h else trimmed["ids"] == h
     end = lm.tokenizer.convert_ids_to_tokens(eos)
     assert end in records[False]["text"] and end not in records[True]["text"]
+
+
+def test_live_view_shows_the_text_dim_and_the_holes_filling(llada64):
+    from rich.console import Console
+
+    from fastdllm.view import MASK_GLYPH, InfillCanvas
+
+    f = filling_of(llada64, TEMPLATE)
+    console = Console(record=True, width=100, height=40, force_terminal=True, file=open("/dev/null", "w"))
+    view = InfillCanvas(console, llada64.tokenizer, "tiny · infill", f.ids, f.holes, 4, llada64.specials.stops)
+    cfg = DecodeConfig(gen_len=8, block_len=4, threshold=0.6)
+    with view:
+        for event in generate(llada64.decoder, [f.ids], cfg, holes=f.holes):
+            if isinstance(event, StepEvent):
+                view.update(event)
+                if event.block == 1:
+                    break
+    header, body, footer = view.render().renderables
+    assert header.plain == "tiny · infill" and footer.plain.startswith("block 2/3 · step 1")
+    assert body.plain.startswith("def f(x):\n") and body.plain.endswith("    return y\n")
+    assert body.plain.count(MASK_GLYPH) == 12 - view.committed > 0
+    dim = "".join(body.plain[span.start:span.end] for span in body.spans if str(span.style) == "dim")
+    assert "def f(x):" in dim and "return y" in dim and "y = x" in dim
+    assert any(str(span.style).startswith("bold") for span in body.spans)   # the latest commits, coloured
+
+
+def test_n_is_the_default_hole_length_in_any_number_of_tokens(llada_dir):
+    r = invoke("generate", "-m", llada_dir, "--suffix", "return y", "def f(x):", "-n", "6", "--block-len", "4", "--json")
+    d = json.loads(r.stdout)
+    assert d["holes"][0]["length"] == 6 and d["config"]["gen_len"] == 8     # the config: whole blocks
+    r = invoke("generate", "-m", llada_dir, "--infill", "-", "-n", "5", "--block-len", "4", "--json",
+               input="a = <|mask|>; b = <|mask:2|>")
+    assert [h["length"] for h in json.loads(r.stdout)["holes"]] == [5, 2]

@@ -118,6 +118,7 @@ def test_suffix_fills_the_middle_as_generate_suffix_does(builtin_server):
     assert whole.choices[0].text == record["middle"]
     assert whole.model_extra["fastdllm"]["completion_ids"] == record["holes"][0]["ids"]
     assert whole.usage.completion_tokens == record["generated_tokens"] and whole.usage.nfe == record["nfe"]
+    assert whole.usage.prompt_tokens == record["prompt_tokens"]                # prompt and suffix
     chunks = list(c.completions.create(model="tiny-code", prompt=PROMPT + "\n", suffix=suffix, max_tokens=20,
                                        stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == record["middle"]

@@ -145,7 +145,7 @@ class Row:
         now = time.perf_counter()
         first = self.first_forward or now
         result = Finished(
-            text=text, ids=ids, finish_reason=reason, prompt_tokens=len(self.job.prompt),
+            text=text, ids=ids, finish_reason=reason, prompt_tokens=len(self.job.prompt) + len(self.job.suffix or ()),
             completion_tokens=len(ids), nfe=self.nfe, committed=self.committed,
             seconds=now - self.job.submitted, queued_seconds=first - self.job.submitted,
             mean_batch=self.rows_seen / max(self.nfe, 1))
