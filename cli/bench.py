@@ -83,6 +83,7 @@ def bench(
         return list_configs()
     from fastdllm import bench as runner, profiles, prompts
     from fastdllm.bench_format import format_for, require_matplotlib
+    from fastdllm.bench_inputs import check_infilling
     from fastdllm.rules import RULES
 
     # everything a user can get wrong is checked before the model is loaded
@@ -105,7 +106,7 @@ def bench(
     model_dir = resolve_model_dir(model)
     cases = runner.expand(rows, sweep, model_dir)
     if chosen is not None:
-        runner.check_infilling(chosen, cases, chat)
+        check_infilling(chosen, cases, chat)
     for param in runner.SWEPT_PARAMS:
         if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")

@@ -6,6 +6,9 @@ Measurement: warm-up runs are not timed; the device is synchronised before and a
 run (the engine also syncs at every step when it copies the step's decisions to the host); tokens
 are counted up to the end of each answer (Result.generated_tokens); every record carries the
 conditions it was measured under.
+
+Infilling sets (PromptSet.suffixes): each prompt is the template prefix + hole + suffix, the hole
+being the case's gen_len; templates run one at a time, raw text only.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Callable, Iterator
 
 from .config import DecodeConfig
 from .engine import Result, run
-from .errors import UsageError, UserError
+from .errors import UsageError
+from .bench_inputs import prepare
+from .infill import Filling
 from .profiles import Profile, resolve
 from .rules import RULES
 from .prompts import PromptSet
@@ -138,23 +143,16 @@ def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None =
     """Run every case on every prompt; yield one Measured per case as it finishes (so that an
     interrupted bench keeps its finished rows). Comparisons are added by `compare`."""
     check_counts(repetitions, warmup)
-    prompts = [lm.encode(p, chat=chat) for p in prompt_set.prompts]
-    longest = max(len(p) for p in prompts) + max(c.cfg.gen_len for c in cases)
-    if longest > lm.context_length:
-        raise UserError(f"longest prompt + gen_len = {longest} tokens exceeds the model's context of "
-                        f"{lm.context_length}")
-    for c in cases:
-        if c.batch_size > len(prompts):
-            raise UsageError(f"--batch-size {c.batch_size} exceeds the {len(prompts)} prompts: "
-                             f"raise --n-prompts")
+    inputs = prepare(lm, cases, prompt_set, chat)
     shared = conditions(lm, prompt_set, chat, repetitions, warmup)
     warmed = set()
     for case in cases:
-        batches = [prompts[i:i + case.batch_size] for i in range(0, len(prompts), case.batch_size)]
+        fills = inputs[case.cfg.gen_len]
+        batches = [fills[i:i + case.batch_size] for i in range(0, len(fills), case.batch_size)]
         if _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
             warmed.add(_warm_key(case))
             for _ in range(warmup):
-                run(lm.decoder, batches[0], case.cfg)
+                _run(lm, batches[0], case.cfg)
                 if on_run:
                     on_run(case, "warm-up")
         reps = []
@@ -217,8 +215,9 @@ def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int, w
     import transformers
 
     info = lm.info
-    return {"prompt_set": prompt_set.name, "n_prompts": len(prompt_set.prompts),
-            "chat_template": lm.has_chat_template if chat is None else chat,
+    infilling = prompt_set.suffixes is not None
+    return {"prompt_set": prompt_set.name, "n_prompts": len(prompt_set.prompts), "infill": infilling,
+            "chat_template": False if infilling else lm.has_chat_template if chat is None else chat,
             "repetitions": repetitions, "warmup": warmup,
             "model": info.get("path"), "model_name": Path(str(info.get("path"))).name,
             "family": info.get("family"), "device": info.get("device"), "dtype": info.get("dtype"),
@@ -253,10 +252,15 @@ def compare(measured: list[Measured]) -> list[dict]:
     return [m.record for m in measured]
 
 
-def _timed_run(lm, batch: list[list[int]], cfg: DecodeConfig) -> Result:
+def _run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
+    """One engine run of a batch; an infilling batch is one template, decoded at its holes."""
+    return run(lm.decoder, [f.ids for f in batch], cfg, holes=batch[0].holes or None)
+
+
+def _timed_run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
     _sync(lm.device)                 # nothing queued before the clock starts
     _reset_peak_rss(lm.device)
-    result = run(lm.decoder, batch, cfg)
+    result = _run(lm, batch, cfg)
     _sync(lm.device)
     return result
 

@@ -71,8 +71,7 @@ class Batch:
         if holes is not None:
             if len(prompts) != 1 or gen_lens is not None:
                 raise ValueError("infilling decodes one template row at a time")
-            self.canvas = plan_infill(prompts[0], holes, cfg, mask=specials.mask, context_length=decoder.context_length,
-                                      causal=self.causal, shifted=bool(model.logit_shift), name=decoder.name)
+            self.canvas = infill_canvas(decoder, prompts[0], holes, cfg)
         else:
             self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
                                context_length=decoder.context_length, gen_lens=self.gen_lens)
@@ -163,6 +162,13 @@ class Batch:
             seconds_first_step=self.first_step or 0.0, seconds_total=total,
             peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=self.cache.nbytes, config=self.cfg,
             batch=len(self.prompts), holes=holes)
+
+
+def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]], cfg: DecodeConfig):
+    """The canvas of one template row (canvas.plan_infill), with this model's refusals."""
+    model = decoder.model
+    return plan_infill(row, holes, cfg, mask=decoder.specials.mask, context_length=decoder.context_length,
+                       causal=model.attention.kind == "block-causal", shifted=bool(model.logit_shift), name=decoder.name)
 
 
 def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,

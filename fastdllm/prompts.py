@@ -5,14 +5,26 @@
     math   word problems in a two-shot "Question/Answer ... The answer is N." format;
            quality = share whose first "The answer is N" (else the last number) is correct
     chat   short instructions; no quality signal
+    infill prefix/suffix pairs cut from the built-in model's held-out stdlib modules (infilling: the
+           answer is decoded between them); quality = share where prefix + answer + suffix parses
 
 A check takes (prompt, completion, reference) and says whether the output passes; quality is the share
-that passes.
+that passes. In an infilling set the completion a check sees is the answer followed by its suffix.
+
+The infill pairs are cut when the set is first asked for, from the held-out modules
+(training.data.HELD_OUT) of the running interpreter's stdlib, so they depend on the Python version
+(bench records it). Files in sorted path order; in each, functions in the order training.data.functions
+yields them (ast.walk: breadth-first, so module-level functions before methods, each level in source
+order). A function gives a pair when its body's last line is a one-line `return <value>` statement and
+what lies between the header (with the docstring, if any) and that line is 1 to 8 lines holding at
+least one statement: prefix = header (+ docstring), reference = those lines, suffix = the return line.
+The first 16 pairs form the set.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from dataclasses import dataclass, replace
@@ -110,12 +122,17 @@ class PromptSet:
     references: list | None = None         # per prompt, for the quality check (math: the answer)
     quality_metric: str | None = None      # the quality column's name
     check: Callable[[str, str, object], bool] | None = None
+    suffixes: list[str] | None = None      # infilling: the answer is decoded between prompt and suffix
 
     def quality(self, completions: list[str]) -> float | None:
         """Share of completions that pass the set's check; None when the set defines none."""
         if self.check is None:
             return None
         refs = self.references or [None] * len(self.prompts)
+        if self.suffixes is not None:
+            # an infilled answer is judged in place, with the text that must follow it: the checks keep
+            # one signature and `references` stays free for the reference answers
+            completions = [c + s for c, s in zip(completions, self.suffixes)]
         return sum(map(self.check, self.prompts, completions, refs)) / max(len(completions), 1)
 
     def take(self, n: int | None) -> "PromptSet":
@@ -126,7 +143,45 @@ class PromptSet:
             raise UsageError(f"--n-prompts {n}: give at least 1")
         if n > len(self.prompts):
             raise UsageError(f"--n-prompts {n}: the '{self.name}' set has {len(self.prompts)} prompts")
-        return replace(self, prompts=self.prompts[:n], references=self.references and self.references[:n])
+        return replace(self, prompts=self.prompts[:n], references=self.references and self.references[:n],
+                       suffixes=self.suffixes and self.suffixes[:n])
+
+
+N_INFILL = 16
+
+
+def infill_pair(header: str, body: str) -> tuple[str, str, str] | None:
+    """(prefix, middle, suffix) of one function (training.data.functions' header and body) under the
+    rule in the module docstring; None when the function does not fit it."""
+    text = header + body
+    try:
+        fn = ast.parse(text).body[0]
+    except (SyntaxError, ValueError):     # a function dedent could not flatten: skipped
+        return None
+    lines = text.splitlines(keepends=True)
+    last = fn.body[-1]
+    if not (isinstance(last, ast.Return) and last.value is not None and last.lineno == last.end_lineno
+            and lines[last.lineno - 1].lstrip().startswith("return")):     # not `x = 1; return x`
+        return None
+    doc = ast.get_docstring(fn, clean=False) is not None
+    start = fn.body[0].end_lineno if doc else len(header.splitlines())
+    end = last.lineno - 1
+    if not fn.body[1 if doc else 0:-1] or not 1 <= end - start <= 8:
+        return None
+    return "".join(lines[:start]), "".join(lines[start:end]), lines[end]
+
+
+@functools.cache
+def infill_set() -> PromptSet:
+    """The "infill" set, cut from the stdlib on first use (importing this module reads no files)."""
+    from .training.data import corpus_files, functions, read
+
+    pairs = []
+    for path in corpus_files()[1]:                    # held-out files, sorted
+        pairs += filter(None, (infill_pair(h, b) for h, b in functions(read(path))))
+    pairs = pairs[:N_INFILL]
+    return PromptSet("infill", [p for p, _, _ in pairs], references=[m for _, m, _ in pairs],
+                     quality_metric="parses", check=parses_as_python, suffixes=[s for _, _, s in pairs])
 
 
 SETS = {
@@ -134,25 +189,29 @@ SETS = {
     "math": PromptSet("math", [_MATH_SHOTS + f"Question: {q}\nAnswer:" for q, _ in _MATH],
                       references=[a for _, a in _MATH], quality_metric="correct", check=is_correct),
     "chat": PromptSet("chat", CHAT),
+    "infill": infill_set,                 # built when first asked for: it reads the stdlib
 }
 
 
 def builtin(name: str) -> PromptSet:
     if name not in SETS:
         raise UsageError(f"unknown prompt set '{name}' (available: {', '.join(SETS)})")
-    return SETS[name]
+    found = SETS[name]
+    return found if isinstance(found, PromptSet) else found()
 
 
 def from_file(path: Path) -> PromptSet:
-    """JSONL with a "prompt" field per line, or one prompt per line (blank lines skipped)."""
+    """JSONL with a "prompt" field per line, or one prompt per line (blank lines skipped). JSONL lines
+    that also carry a "suffix" make an infilling set; then every line needs one."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read prompts file {path}: {e}") from None
-    prompts = []
+    prompts, suffixes, numbers = [], [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        suffix = None
         if path.suffix == ".jsonl" or line.lstrip().startswith("{"):
             try:
                 item = json.loads(line)
@@ -160,8 +219,17 @@ def from_file(path: Path) -> PromptSet:
                 raise UsageError(f"{path}:{number}: not valid JSON ({e.msg})") from None
             if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
                 raise UsageError(f'{path}:{number}: expected an object with a "prompt" string')
-            line = item["prompt"]
+            line, suffix = item["prompt"], item.get("suffix")
+            if suffix is not None and not (isinstance(suffix, str) and suffix):
+                raise UsageError(f'{path}:{number}: "suffix" must be a non-empty string')
         prompts.append(line)
+        suffixes.append(suffix)
+        numbers.append(number)
     if not prompts:
         raise UsageError(f"{path} holds no prompts")
-    return PromptSet(path.name, prompts)
+    infilling = [s is not None for s in suffixes]
+    if any(infilling) and not all(infilling):
+        odd = numbers[infilling.index(not infilling[0])]          # the first line unlike the first one
+        raise UsageError(f'{path}:{odd}: {"no" if infilling[0] else "a"} "suffix", unlike line {numbers[0]}: '
+                         f'give every line a "suffix" (infilling) or none')
+    return PromptSet(path.name, prompts, suffixes=suffixes if all(infilling) else None)
