@@ -90,7 +90,7 @@ def caption(records: list[dict]) -> str:
     r = records[0]
     parts = [f"{r['model_name']} ({r['family']}, {r['device']}, {r['dtype']}"
              + (f", {r['quantize']}" if r.get("quantize") not in (None, "none") else "") + ")",
-             f"{r['n_prompts']} {r['prompt_set']} prompts" + (", infilling" if r.get("infill") else "" if r["chat_template"] else ", raw")]
+             f"{r['n_prompts']} {r['prompt_set']} prompts" + (", infilling" if r.get("infill") and r["prompt_set"] != "infill" else "" if r["chat_template"] else ", raw")]
     for key, name in (("gen_len", "gen_len"), ("block_len", "block_len"), ("batch_size", "batch")):
         if len({x[key] for x in records}) == 1:
             parts.append(f"{name} {r[key]}")

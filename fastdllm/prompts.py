@@ -9,7 +9,8 @@
            answer is decoded between them); quality = share where prefix + answer + suffix parses
 
 A check takes (prompt, completion, reference) and says whether the output passes; quality is the share
-that passes. In an infilling set the completion a check sees is the answer followed by its suffix.
+that passes. In an infilling set the completion a check sees is the answer followed by its suffix
+(a hole between whole lines filled with whole lines: `in_place`).
 
 The infill pairs are cut when the set is first asked for, from the held-out modules
 (training.data.HELD_OUT) of the running interpreter's stdlib, so they depend on the Python version
@@ -115,6 +116,16 @@ def is_correct(prompt: str, completion: str, reference=None) -> bool:
     return final_number(completion) == reference
 
 
+def in_place(prefix: str, fill: str, suffix: str) -> str:
+    """The fill followed by its suffix. A hole cut between whole lines (the prefix ends a line, the
+    suffix starts one) is filled with whole lines: trailing spaces dropped and a final newline added
+    where the model left none (a fixed-length hole rarely ends exactly at a line's end)."""
+    if prefix.endswith("\n") and not suffix.startswith("\n"):
+        fill = fill.rstrip(" \t")
+        fill += "" if fill.endswith("\n") or not fill else "\n"
+    return fill + suffix
+
+
 @dataclass(frozen=True)
 class PromptSet:
     name: str
@@ -132,7 +143,7 @@ class PromptSet:
         if self.suffixes is not None:
             # an infilled answer is judged in place, with the text that must follow it: the checks keep
             # one signature and `references` stays free for the reference answers
-            completions = [c + s for c, s in zip(completions, self.suffixes)]
+            completions = [in_place(p, c, s) for p, c, s in zip(self.prompts, completions, self.suffixes)]
         return sum(map(self.check, self.prompts, completions, refs)) / max(len(completions), 1)
 
     def take(self, n: int | None) -> "PromptSet":

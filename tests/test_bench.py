@@ -365,3 +365,11 @@ def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monk
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("a row ran"))
     with pytest.raises(UserError, match="tiny-sdar cannot fill holes"):
         list(bench.measure(lm, cases, prompts.builtin("infill").take(2)))
+
+
+def test_an_infilled_answer_between_whole_lines_is_judged_as_whole_lines():
+    from fastdllm.prompts import in_place
+
+    assert in_place("def f(x):\n", "    y = x  ", "    return y\n") == "    y = x\n    return y\n"
+    assert in_place("def f(x):\n", "    y = x\n", "    return y\n") == "    y = x\n    return y\n"
+    assert in_place("x = (", "1 ", ")\n") == "1 )\n"                  # inside a line: as it is
