@@ -10,6 +10,7 @@ import typer
 from . import common
 from .bench import bench
 from .chat import chat
+from .eval import EXAMPLES as EVAL_EXAMPLES, eval_
 from .generate import generate
 from .info import info
 from .profiles_cmd import app as profiles_app
@@ -29,6 +30,7 @@ def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Pytho
 app.command()(generate)
 app.command()(bench)
 app.command()(chat)
+app.command(name="eval", epilog=EVAL_EXAMPLES)(eval_)
 app.command()(info)
 app.command(epilog=SERVE_EXAMPLES)(serve)
 app.add_typer(profiles_app, name="profiles")

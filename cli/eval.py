@@ -1,0 +1,154 @@
+"""`fastdllm eval`: task metrics beside speed for each profile, on lm-evaluation-harness
+(fastdllm/evaluate.py). Progress on stderr; results (table, Markdown, JSON, CSV) on stdout or in
+a file, rewritten as each (task, profile) finishes and kept when interrupted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fastdllm.errors import UsageError, UserError
+
+from .bench import _names, check_writable
+from .common import MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, out_console, resolve_model_dir, user_errors
+
+EXAMPLES = """Examples:
+
+  fastdllm eval --include-path examples/eval --tasks next_line --profiles baseline,fast --limit 20
+
+  fastdllm eval -m ~/models/LLaDA-8B-Instruct --tasks gsm8k --num-fewshot 5 --profiles baseline,default
+"""
+
+
+@user_errors
+def eval_(
+    tasks: Annotated[list[str], typer.Option("--tasks", "-t", help="lm-eval task names, comma list (or repeated).")],
+    profiles_: Annotated[Optional[list[str]], typer.Option("--profiles", "-P", help="Profiles to compare, comma list; the first is the reference (default: the model's default profile).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="At most N documents per task.")] = None,
+    num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", help="Few-shot examples (default: the task's).")] = None,
+    include_path: Annotated[Optional[list[Path]], typer.Option("--include-path", help="A folder of local task YAMLs (repeatable).")] = None,
+    output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | csv (default: from --output's suffix, else table).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to this file (rewritten as each task x profile finishes).")] = None,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the task prompts (lm-eval's --apply_chat_template).")] = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Requests decoded together (left padding).")] = 1,
+    mc_num: Annotated[int, typer.Option("--mc-num", help="Likelihood tasks: Monte Carlo samples per continuation (LLaDA's estimate).")] = 128,
+    mc_batch: Annotated[int, typer.Option("--mc-batch", help="Likelihood tasks: samples per forward (divides --mc-num).")] = 32,
+    check_greedy: Annotated[bool, typer.Option("--check-greedy/--no-check-greedy", help="Likelihood tasks: also decide whether the continuation is the greedy one (L forwards; multiple-choice tasks never read it).")] = True,
+    unsafe: Annotated[bool, typer.Option("--confirm-run-unsafe-code", help="Allow tasks that run the generated code (HumanEval, MBPP; their metric also needs HF_ALLOW_CODE_EVAL=1).")] = False,
+    model: Annotated[Optional[str], MODEL_FLAGS["model"][1]] = None,
+    dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
+    device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
+    quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
+):
+    """Evaluate profiles on lm-evaluation-harness tasks: each task's metric with its standard error
+    beside answer tokens/s, NFE per answer and tokens per forward, against the first profile."""
+    from fastdllm import profiles
+    from fastdllm.eval_format import FORMATS, SUFFIXES
+
+    fmt = output_format or (SUFFIXES.get(output.suffix.lower()) if output else "table")
+    if fmt not in FORMATS:
+        raise UsageError(f"-o {output_format}: expected one of {', '.join(FORMATS)}" if output_format else
+                         f"cannot tell the format of {output} from its suffix: pass -o {'|'.join(FORMATS)}")
+    check_writable(output, "--output")
+    for name, value, low in (("--limit", limit, 1), ("--num-fewshot", num_fewshot, 0), ("--batch-size", batch_size, 1)):
+        if value is not None and value < low:
+            raise UsageError(f"{name} {value}: give at least {low}")
+    if mc_num < 1 or mc_batch < 1 or mc_num % mc_batch:
+        raise UsageError(f"--mc-num {mc_num} must be a positive multiple of --mc-batch {mc_batch}")
+    placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    try:
+        from fastdllm import evaluate
+    except ImportError as e:
+        raise UserError(f"fastdllm eval needs lm-evaluation-harness ({e.name} is missing): "
+                        f"pip install 'fastdllm[eval]'") from None
+    task_names = _names(tasks)
+    model_dir = resolve_model_dir(model)
+    chosen = [profiles.find(p) for p in _names(profiles_) or [profiles.default_profile_for(model_dir)]]
+    configs = [(p.name, profiles.resolve(p, {}, model_dir)) for p in chosen]
+    manager = evaluate.task_manager(include_path or [], task_names)
+    options = evaluate.Options(limit=limit, num_fewshot=num_fewshot, chat=chat, confirm_run_unsafe_code=unsafe,
+                               batch_size=batch_size, mc_num=mc_num, mc_batch=mc_batch, check_greedy=check_greedy)
+    lm = load_model(model_dir, **placement)
+    err_console.print(f"eval: {len(task_names)} task(s) x {len(configs)} profile(s) on {lm.path.name}", style="dim")
+    records, stopped = [], None
+    try:
+        with Progress() as progress:
+            for r in evaluate.run(lm, task_names, configs, manager, options, progress=progress.update):
+                records.append(r)
+                progress.finished(r)
+                if output is not None:
+                    save(evaluate.compare(records), fmt, output)
+    except (KeyboardInterrupt, Exception) as e:          # keep the finished pairs
+        stopped = e
+        if records:
+            what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            err_console.print(f"{what}: keeping the {len(records)} finished task x profile results", style="yellow")
+    if records:
+        emit(evaluate.compare(records), fmt, output)
+    if isinstance(stopped, KeyboardInterrupt):
+        raise typer.Exit(130)
+    if stopped is not None:
+        raise stopped
+
+
+class Progress:
+    """A rich bar per (task, profile) on a terminal (stderr); elsewhere one line per finished pair."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+        self.bar = (Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, transient=True) if err_console.is_terminal else None)
+        self.current = None
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+        return False
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if not self.bar:
+            return
+        if self.current is None or self.current[0] != label:
+            self.current = (label, self.bar.add_task(label, total=total))
+        self.bar.update(self.current[1], completed=done, total=total)
+
+    def finished(self, r: dict) -> None:
+        stderr = "" if r["stderr"] is None else f" ± {r['stderr']:.4f}"
+        err_console.print(f"{r['task']} · {r['profile']}: {r['metric']} {r['value']:.4f}{stderr} · "
+                          f"{r['tokens_per_second'] or 0:.1f} tok/s · {r['seconds']:.1f} s", style="dim")
+
+
+def save(records: list[dict], fmt: str, output: Path) -> None:
+    import os
+
+    from fastdllm.eval_format import render
+
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        partial.write_text(render(records, fmt))
+        os.replace(partial, output)
+    except OSError as e:
+        raise UserError(f"cannot write {output}: {e}") from None
+
+
+def emit(records: list[dict], fmt: str, output: Path | None) -> None:
+    from fastdllm.eval_format import render, table
+
+    if output is not None:
+        save(records, fmt, output)
+        err_console.print(f"results written to {output} ({fmt})", style="dim")
+    elif fmt != "table":
+        sys.stdout.write(render(records, fmt))
+    elif is_terminal(sys.stdout):
+        out_console.print(table(records))
+    else:
+        sys.stdout.write(render(records, "table"))
