@@ -45,6 +45,9 @@ def eval_(
 ):
     """Evaluate profiles on lm-evaluation-harness tasks: each task's metric with its standard error
     beside answer tokens/s, NFE per answer and tokens per forward, against the first profile."""
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")     # lm-eval's own bars; read when tqdm is first imported
     from fastdllm import profiles
     from fastdllm.eval_format import FORMATS, SUFFIXES
 

@@ -8,9 +8,11 @@ record is complete when yielded, so an interrupted run keeps the finished pairs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,10 +91,11 @@ def evaluate_one(lm, task: str, profile: str, cfg: DecodeConfig, manager, option
         model.progress = lambda done, total: progress(f"{task} · {profile}", done, total)
     started = time.perf_counter()
     try:
-        out = simple_evaluate(model=model, tasks=[task], task_manager=manager, limit=options.limit,
-                              num_fewshot=options.num_fewshot, apply_chat_template=options.chat,
-                              confirm_run_unsafe_code=options.confirm_run_unsafe_code, log_samples=False,
-                              verbosity="ERROR", random_seed=cfg.seed)
+        with contextlib.redirect_stdout(sys.stderr):   # lm-eval prints (bootstrapping notes): stdout stays ours
+            out = simple_evaluate(model=model, tasks=[task], task_manager=manager, limit=options.limit,
+                                  num_fewshot=options.num_fewshot, apply_chat_template=options.chat,
+                                  confirm_run_unsafe_code=options.confirm_run_unsafe_code, log_samples=False,
+                                  verbosity="ERROR", random_seed=cfg.seed)
     except Exception as e:
         raise explained(e, task) from None
     wall = time.perf_counter() - started

@@ -52,9 +52,13 @@ class FastdllmLM(LM):
         model `lm` and its resolved `cfg`."""
         super().__init__()
         if lm is None:
-            from .cli.common import load_model, resolve_model_dir
+            from .cli.common import err_console, load_model, resolve_model_dir
             from . import profiles
 
+            if str(device).startswith("cuda") and not torch.cuda.is_available():   # lm-eval's default is cuda:0
+                err_console.print(f"note: no CUDA device for lm-eval's --device {device}: placing the model "
+                                  f"as fastdllm does (auto)", style="yellow")
+                device = "auto"
             model_dir = resolve_model_dir(pretrained)
             found = profiles.find(profile or profiles.default_profile_for(model_dir))
             cfg = profiles.resolve(found, decode, model_dir)
