@@ -153,14 +153,15 @@ def check_writable(path: Path | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: not writable")
 
 
-def save(records: list[dict], fmt: str, output: Path) -> None:
-    """Replace `output` whole (through a temporary file beside it: never half a file)."""
-    from fastdllm.bench_format import render
+def save(records: list[dict], fmt: str, output: Path, render=None) -> None:
+    """Replace `output` whole (through a temporary file beside it: never half a file); `render`
+    (records, fmt) -> text, bench's by default."""
+    from fastdllm.bench_format import render as bench_render
     from fastdllm.errors import UserError
 
     partial = output.with_name(f".{output.name}.partial")
     try:
-        partial.write_text(render(records, fmt))
+        partial.write_text((render or bench_render)(records, fmt))
         os.replace(partial, output)
     except OSError as e:
         raise UserError(f"cannot write {output}: {e}") from None

@@ -12,7 +12,7 @@ import typer
 
 from fastdllm.errors import UsageError, UserError
 
-from .bench import _names, check_writable
+from .bench import _names, check_writable, save as save_records
 from .common import MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, out_console, resolve_model_dir, user_errors
 
 EXAMPLES = """Examples:
@@ -131,16 +131,9 @@ class Progress:
 
 
 def save(records: list[dict], fmt: str, output: Path) -> None:
-    import os
-
     from fastdllm.eval_format import render
 
-    partial = output.with_name(f".{output.name}.partial")
-    try:
-        partial.write_text(render(records, fmt))
-        os.replace(partial, output)
-    except OSError as e:
-        raise UserError(f"cannot write {output}: {e}") from None
+    save_records(records, fmt, output, render)
 
 
 def emit(records: list[dict], fmt: str, output: Path | None) -> None:

@@ -14,7 +14,6 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from fastdllm.canvas import block_end  # noqa: E402
 from fastdllm.config import DecodeConfig  # noqa: E402
 from fastdllm.engine import run  # noqa: E402
 from fastdllm.errors import UserError  # noqa: E402
