@@ -74,6 +74,15 @@ def generation_options(func):
     return with_options(func, wrapper, flags, drop="opts")
 
 
+def decoding_options(func):
+    """Add only the decoding flags (no model or profile flags) to a Typer command; it receives them
+    as `decode` (DecodeConfig overrides, None = not given)."""
+    def wrapper(**kwargs):
+        return func(decode={name: kwargs.pop(name) for name in DECODE_FLAGS}, **kwargs)
+
+    return with_options(func, wrapper, DECODE_FLAGS, drop="decode")
+
+
 def with_options(func, wrapper, flags: dict, drop: str | None = None):
     """Give `wrapper` the signature Typer reads: `func`'s own parameters (less `drop`) plus
     keyword options `flags` (name -> (type, typer.Option))."""

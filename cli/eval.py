@@ -13,7 +13,8 @@ import typer
 from fastdllm.errors import UsageError, UserError
 
 from .bench import _names, check_writable, save as save_records
-from .common import MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, out_console, resolve_model_dir, user_errors
+from .common import (MODEL_FLAGS, decoding_options, err_console, is_terminal, load_model, model_placement, out_console,
+                     resolve_model_dir, user_errors)
 
 EXAMPLES = """Examples:
 
@@ -24,6 +25,7 @@ EXAMPLES = """Examples:
 
 
 @user_errors
+@decoding_options
 def eval_(
     tasks: Annotated[list[str], typer.Option("--tasks", "-t", help="lm-eval task names, comma list (or repeated).")],
     profiles_: Annotated[Optional[list[str]], typer.Option("--profiles", "-P", help="Profiles to compare, comma list; the first is the reference (default: the model's default profile).")] = None,
@@ -42,9 +44,12 @@ def eval_(
     dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
     device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
     quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
+    *, decode: dict,
 ):
     """Evaluate profiles on lm-evaluation-harness tasks: each task's metric with its standard error
-    beside answer tokens/s, NFE per answer and tokens per forward, against the first profile."""
+    beside answer tokens/s, NFE per answer and tokens per forward, against the first profile.
+    Decoding flags (--threshold, --gen-len, ...) apply on top of every profile; a task's
+    max_gen_toks sets the canvas, else --gen-len / the profile's gen_len."""
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")     # lm-eval's own bars; read when tqdm is first imported
@@ -70,7 +75,7 @@ def eval_(
     task_names = _names(tasks)
     model_dir = resolve_model_dir(model)
     chosen = [profiles.find(p) for p in _names(profiles_) or [profiles.default_profile_for(model_dir)]]
-    configs = [(p.name, profiles.resolve(p, {}, model_dir)) for p in chosen]
+    configs = [(p.name, profiles.resolve(p, decode, model_dir)) for p in chosen]
     manager = evaluate.task_manager(include_path or [], task_names)
     options = evaluate.Options(limit=limit, num_fewshot=num_fewshot, chat=chat, confirm_run_unsafe_code=unsafe,
                                batch_size=batch_size, mc_num=mc_num, mc_batch=mc_batch, check_greedy=check_greedy)
