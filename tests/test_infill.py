@@ -72,7 +72,7 @@ def test_holes_beyond_the_context_and_a_hole_first_for_a_shifted_family(llada64,
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
-@pytest.mark.parametrize("rule", ["threshold", "factor", "fixed"])
+@pytest.mark.parametrize("rule", ["threshold", "factor", "fixed", "dynamic", "sequential"])
 def test_committed_text_never_changes_and_every_hole_fills(family, cache, rule, request):
     lm = request.getfixturevalue(f"{family}64")
     f = filling_of(lm, TEMPLATE)
