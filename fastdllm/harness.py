@@ -46,10 +46,11 @@ class Stats:
 class FastdllmLM(LM):
     def __init__(self, pretrained: str | None = None, profile: str | None = None, dtype: str = "auto",
                  device: str = "auto", quantize: str = "none", batch_size: int | str = 1, mc_num: int = 128,
-                 mc_batch: int = 32, check_greedy: bool = True, lm=None, cfg: DecodeConfig | None = None, **decode):
+                 mc_batch: int = 32, check_greedy: bool = True, lm=None, cfg: DecodeConfig | None = None,
+                 max_batch_size: int | None = None, **decode):
         """From lm-eval: `pretrained` (a checkpoint directory; default the built-in model), `profile`
         and any decoding setting (threshold=0.9, cache=dual, ...). From `fastdllm eval`: a loaded
-        model `lm` and its resolved `cfg`."""
+        model `lm` and its resolved `cfg`. (`max_batch_size`, which lm-eval may pass, is unused.)"""
         super().__init__()
         if lm is None:
             from .cli.common import err_console, load_model, resolve_model_dir
@@ -189,9 +190,15 @@ class FastdllmLM(LM):
 
 def main() -> None:
     """lm-eval's command line with "fastdllm" registered (`python -m fastdllm.harness --model fastdllm ...`)."""
+    import sys
+
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except UserError as e:                      # a user's mistake: one line, as fastdllm's commands
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

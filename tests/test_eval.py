@@ -159,3 +159,26 @@ def test_a_hub_task_offline_is_one_line(llada_dir):
     r = invoke("eval", "-m", llada_dir, "--tasks", "gsm8k", "--limit", "1",
                env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert r.exit_code == 1 and one_error(r.stderr, "Hugging Face hub"), r.stderr
+
+
+def test_lm_evals_own_command_line_with_fastdllm_registered(llada_dir, tmp_path):
+    """`python -m fastdllm.harness` (lm-eval's CLI) run outside the checkout, so that the installed
+    package is the one imported; the task's data path made absolute for that."""
+    import subprocess
+    import sys
+
+    (tmp_path / "tasks").mkdir()
+    yaml = (TASKS / "tiny_next_line.yaml").read_text().replace("tests/eval_task/tiny.jsonl", str(TASKS / "tiny.jsonl"))
+    (tmp_path / "tasks" / "tiny_next_line.yaml").write_text(yaml)
+
+    def lm_eval(model_args: str):
+        return subprocess.run([sys.executable, "-m", "fastdllm.harness", "--model", "fastdllm", "--model_args",
+                               f"pretrained={llada_dir},dtype=fp32,{model_args}", "--tasks", "tiny_next_line",
+                               "--include_path", str(tmp_path / "tasks"), "--limit", "2"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    ok = lm_eval("profile=fast")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "tiny_next_line" in ok.stdout and "exact_match" in ok.stdout and "fastdllm (" in ok.stdout
+    bad = lm_eval("treshold=0.5")
+    assert bad.returncode == 2 and one_error(bad.stderr, "did you mean 'threshold'"), bad.stderr[-2000:]
