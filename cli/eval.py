@@ -80,6 +80,8 @@ def eval_(
     options = evaluate.Options(limit=limit, num_fewshot=num_fewshot, chat=chat, confirm_run_unsafe_code=unsafe,
                                batch_size=batch_size, mc_num=mc_num, mc_batch=mc_batch, check_greedy=check_greedy)
     lm = load_model(model_dir, **placement)
+    if chat and not lm.has_chat_template:
+        raise UserError(f"{lm.path.name} has no chat template: run without --chat")
     err_console.print(f"eval: {len(task_names)} task(s) x {len(configs)} profile(s) on {lm.path.name}", style="dim")
     records, stopped = [], None
     try:

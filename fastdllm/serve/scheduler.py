@@ -26,6 +26,7 @@ import threading
 import time
 
 from ..errors import UserError
+from ..events import StepEvent
 from .jobs import Failed, Job, QueueFull, ShuttingDown
 from .rows import Row, batch_key, config_for, fits
 
@@ -120,7 +121,7 @@ class Scheduler:
             began = time.perf_counter()
             for event in batch.events():
                 now = time.perf_counter()
-                if hasattr(event, "step"):          # a forward
+                if isinstance(event, StepEvent):    # a forward
                     for i, row in enumerate(rows):
                         row.stepped(event, i, len(rows))
                     if self.metrics:
