@@ -67,9 +67,7 @@ def fill(lm, profile, cfg, parts: list, form: str, *, hole: int, trim: bool, jso
     from fastdllm.rules import describe
     from fastdllm.view import InfillCanvas, stats_block, stats_line
 
-    encode = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
-    mask_text = lm.tokenizer.convert_ids_to_tokens(lm.specials.mask)
-    filling = infill.tokenize(parts, encode, mask=lm.specials.mask, default_len=hole, mask_text=mask_text)
+    filling = infill.for_model(lm, parts, hole)
     header = (f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)} · "
               f"{len(filling.holes)} hole{'s' * (len(filling.holes) > 1)}")
     view = InfillCanvas(err_console, lm.tokenizer, header, filling.ids, filling.holes, cfg.block_len,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .engine import infill_canvas
 from .errors import UsageError, UserError
-from .infill import Filling, tokenize
+from .infill import Filling, for_model
 from .prompts import PromptSet
 
 if TYPE_CHECKING:
@@ -34,11 +34,8 @@ def prepare(lm, cases: list[Case], prompt_set: PromptSet, chat: bool | None) -> 
     if not infilling:
         inputs = dict.fromkeys(gen_lens, [Filling(lm.encode(p, chat=chat), [], [p]) for p in prompt_set.prompts])
     else:
-        raw = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
-        mask = lm.specials.mask
-        mask_text = lm.tokenizer.convert_ids_to_tokens(mask)
-        inputs = {g: [tokenize([p, None, s], raw, mask=mask, default_len=g, mask_text=mask_text)
-                      for p, s in zip(prompt_set.prompts, prompt_set.suffixes)] for g in gen_lens}
+        inputs = {g: [for_model(lm, [p, None, s], g) for p, s in zip(prompt_set.prompts, prompt_set.suffixes)]
+                  for g in gen_lens}
     longest = max(f.text_tokens + g for g, fills in inputs.items() for f in fills)
     if longest > lm.context_length:
         raise UserError(f"longest {'prefix + suffix' if infilling else 'prompt'} + gen_len = {longest} tokens "

@@ -77,6 +77,13 @@ def tokenize(parts: list[str | int | None], encode: Callable[[str], list[int]], 
     return Filling(ids, holes, texts)
 
 
+def for_model(lm, parts: list[str | int | None], default_len: int) -> Filling:
+    """`tokenize` with a loaded model's tokenizer (raw text, no special tokens added) and mask."""
+    mask = lm.specials.mask
+    return tokenize(parts, lambda text: lm.encode(text, chat=False), mask=mask, default_len=default_len,
+                    mask_text=lm.tokenizer.convert_ids_to_tokens(mask))
+
+
 def cut(tokens: list[int], stops: set[int], trim: bool) -> list[int]:
     """A hole's tokens as reported: up to its first end token when trimming, else all of them."""
     if not trim:

@@ -27,8 +27,7 @@ def threads(one_thread):
 
 
 def filling_of(lm, template: str, default_len: int = 8) -> infill.Filling:
-    encode = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
-    return infill.tokenize(infill.parse(template), encode, mask=lm.specials.mask, default_len=default_len)
+    return infill.for_model(lm, infill.parse(template), default_len)
 
 
 def test_parse_and_tokenize_place_the_holes(llada64):
