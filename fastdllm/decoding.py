@@ -17,12 +17,20 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: t
             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (B, K, V) -> (tokens (B, K), confidence (B, K)).
 
-    Confidence is computed from a logsumexp at fp32 or better; no full-vocabulary float64 softmax.
-    `banned` token ids (the mask id) can never be predicted: the reference loops forever when the
-    mask is the argmax."""
+    Every confidence is the authors' own, over the full softmax: the `banned` ids (the mask id)
+    stay in the normaliser, the top-2 and the entropy, as in every family's reference code. They are
+    only kept out of the prediction (the reference loops forever when the mask is the argmax), so
+    all agree with the references wherever the mask is not the argmax. Computed from a logsumexp at
+    fp32 or better; no full-vocabulary float64 softmax."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    logits.index_fill_(-1, banned.to(logits.device), float("-inf"))
     log_z = logits.logsumexp(-1, keepdim=True)                                    # (B, K, 1)
+    if measure == "margin":      # top-1 minus top-2 probability (Dream's topk_margin)
+        top2 = (logits.topk(2, dim=-1).values - log_z).exp()
+        margin = top2[..., 0] - top2[..., 1]
+    elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
+        p = (logits - log_z).exp()
+        entropy = (p * (p + 1e-10).log()).sum(-1)
+    logits = logits.index_fill(-1, banned.to(logits.device), float("-inf"))      # never predicted; the caller's stay
     if temperature > 0:  # Gumbel-max: a sample of softmax(logits / T)
         u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
@@ -32,12 +40,10 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: t
         top, tokens = logits.max(-1)                                              # first index on ties
     if measure == "prob":        # probability of the token the position receives
         confidence = (top - log_z[..., 0]).exp()
-    elif measure == "margin":    # top-1 minus top-2 probability (Dream's topk_margin)
-        top2 = (logits.topk(2, dim=-1).values - log_z).exp()
-        confidence = top2[..., 0] - top2[..., 1]
-    elif measure == "neg_entropy":  # sum p log p (Dream's entropy); 0 is the most certain
-        log_p = logits - log_z
-        confidence = (log_p.exp() * log_p.nan_to_num(neginf=0.0)).sum(-1)   # banned ids: 0 * log 0 := 0
+    elif measure == "margin":
+        confidence = margin
+    elif measure == "neg_entropy":
+        confidence = entropy
     elif measure == "random":    # LLaDA's 'random' remasking
         confidence = torch.rand(tokens.shape, generator=generator, device=logits.device, dtype=logits.dtype)
     else:

@@ -42,3 +42,25 @@ def llada64(llada_dir):
 @pytest.fixture(scope="session")
 def dream64(dream_dir):
     return loading.load(dream_dir, dtype="fp64")
+
+
+# The same checkpoints with a mask row that takes real probability (tests/mask_heavy.py): exactness
+# must not depend on p(mask) being ~0.
+HEAVY_PROMPT = "Write a function that adds two numbers."
+
+
+def _heavy(lm, tmp_path_factory):
+    from mask_heavy import heavy_copy
+
+    canvas = lm.encode(HEAVY_PROMPT, chat=True) + [lm.specials.mask] * 32
+    return heavy_copy(lm, tmp_path_factory.mktemp("heavy") / lm.path.name, canvas)
+
+
+@pytest.fixture(scope="session")
+def llada64_heavy_mask(llada64, tmp_path_factory):
+    return _heavy(llada64, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def dream64_heavy_mask(dream64, tmp_path_factory):
+    return _heavy(dream64, tmp_path_factory)

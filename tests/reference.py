@@ -108,14 +108,23 @@ def num_transfer_tokens(mask_index, steps):
     return out
 
 
-def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_quirk, ban_mask):
-    """The reference's get_transfer_index / get_transfer_index_dynamic at temperature 0."""
+def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_quirk, ban_mask, measure="prob"):
+    """The reference's get_transfer_index / get_transfer_index_dynamic at temperature 0. Confidence
+    as the authors compute it, over the full softmax (the mask id included): the prediction's
+    probability (LLaDA, Dream's maskgit_plus), top-1 minus top-2 (Dream's topk_margin) or
+    sum p log(p + 1e-10) (Dream's entropy). `ban_mask` keeps the mask id out of the argmax only."""
+    p = torch.softmax(logits.double(), -1)
     if ban_mask:
         logits = logits.clone()
         logits[..., mask_id] = float("-inf")
     x0 = logits.argmax(-1)
-    p = torch.softmax(logits.double(), -1)
-    x0_p = p.gather(-1, x0[..., None])[..., 0]
+    if measure == "prob":
+        x0_p = p.gather(-1, x0[..., None])[..., 0]
+    elif measure == "margin":
+        top = torch.sort(p, -1, descending=True).values
+        x0_p = top[..., 0] - top[..., 1]
+    else:
+        x0_p = torch.sum(p * torch.log(p + 1e-10), -1)
     x0 = torch.where(mask_index, x0, x)
     conf = torch.where(mask_index, x0_p, torch.tensor(float("-inf"), dtype=torch.float64))
     chosen = torch.zeros_like(x0, dtype=torch.bool)
@@ -145,7 +154,7 @@ def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_
 
 
 def reference_generate(lm, prompt, *, cache, gen_length, block_length, steps=None, threshold=None,
-                       factor=None, mask_id, factor_quirk=False, ban_mask=True, record=None):
+                       factor=None, mask_id, factor_quirk=False, ban_mask=True, measure="prob", record=None):
     """cache in {"none", "prefix", "dual"}; returns (canvas (B, P+G), nfe). `record` (a list) gets
     the set of committed canvas positions of every step."""
     net = NaiveLM(lm)
@@ -160,7 +169,8 @@ def reference_generate(lm, prompt, *, cache, gen_length, block_length, steps=Non
 
     def decide(logits, view, mask_index, i):
         k = ntt[:, min(i, spb - 1)] if threshold is None and factor is None else None
-        x0, chosen, _ = transfer(logits, mask_index, view, k, threshold, factor, mask_id, factor_quirk, ban_mask)
+        x0, chosen, _ = transfer(logits, mask_index, view, k, threshold, factor, mask_id, factor_quirk, ban_mask,
+                                  measure)
         view[chosen] = x0[chosen]
         return chosen
 

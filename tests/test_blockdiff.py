@@ -14,6 +14,7 @@ from fastdllm.config import DecodeConfig
 from fastdllm.engine import generate
 from fastdllm.events import Result, StepEvent
 from fastdllm.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from mask_heavy import heavy_copy, max_mask_probability
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,6 +32,23 @@ def sdar(tmp_path_factory):
 def v2(tmp_path_factory):
     path = write_fast_dllm_v2(tmp_path_factory.mktemp("ckpt") / "tiny-v2")
     return loading.load(path, dtype="fp64"), ref.NaiveQwen(path)
+
+
+@pytest.fixture(scope="module")
+def sdar_heavy_mask(sdar, tmp_path_factory):
+    """SDAR with a mask token that takes real probability (tests/mask_heavy.py)."""
+    return _heavy(sdar[0], tmp_path_factory, prompt_of(5) + [sdar[0].specials.mask] * 16)
+
+
+@pytest.fixture(scope="module")
+def v2_heavy_mask(v2, tmp_path_factory):
+    return _heavy(v2[0], tmp_path_factory, prompt_of(33, seed=1) + [v2[0].specials.mask] * 64)
+
+
+def _heavy(lm, tmp_path_factory, canvas):
+    heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / lm.path.name, canvas)
+    assert max_mask_probability(heavy, canvas) > 0.05          # the fixture does not hide the normaliser
+    return heavy, ref.NaiveQwen(heavy.path)
 
 
 def prompt_of(length: int, seed: int = 0) -> list[int]:
@@ -63,16 +81,25 @@ SDAR_RULES = {"fixed": "low_confidence_static", "dynamic": "low_confidence_dynam
 @pytest.mark.parametrize("rule, per_block", [("fixed", 4), ("fixed", 2), ("fixed", 1), ("dynamic", 4),
                                              ("dynamic", 2), ("sequential", 2)])
 def test_sdar_decodes_as_the_reference(sdar, length, rule, per_block):
-    lm, naive = sdar
+    check_sdar(*sdar, length, rule, per_block)
+
+
+@pytest.mark.parametrize("length", [4, 5])
+@pytest.mark.parametrize("rule, per_block", [("fixed", 2), ("dynamic", 4), ("dynamic", 2), ("sequential", 2)])
+def test_sdar_with_a_probable_mask_decodes_as_the_reference(sdar_heavy_mask, length, rule, per_block):
+    check_sdar(*sdar_heavy_mask, length, rule, per_block, threshold=0.9)
+
+
+def check_sdar(lm, naive, length, rule, per_block, threshold=0.7):
     ref.BANNED[:] = [lm.specials.mask]
     prompt = prompt_of(length)
     trace = ref.sdar_generate(naive, prompt, mask_id=lm.specials.mask, stop_ids=lm.specials.stops, gen_length=16,
-                              block_length=4, denoising_steps=per_block, strategy=SDAR_RULES[rule], threshold=0.7)
+                              block_length=4, denoising_steps=per_block, strategy=SDAR_RULES[rule], threshold=threshold)
     assert not trace.stopped                                   # the comparison covers whole canvases
     expected = [pairs for _, pairs in trace.steps if pairs]
     runs = {}
     for cache in ("prefix", "none"):
-        cfg = DecodeConfig(gen_len=16, block_len=4, rule=rule, steps=per_block * 4, threshold=0.7,
+        cfg = DecodeConfig(gen_len=16, block_len=4, rule=rule, steps=per_block * 4, threshold=threshold,
                            cache=cache, early_stop=False)
         steps, stored, result = ours(lm, [prompt], cfg)
         assert steps[0] == expected and stored[0] == []        # no shift: store passes commit nothing
@@ -85,9 +112,18 @@ def test_sdar_decodes_as_the_reference(sdar, length, rule, per_block):
 @pytest.mark.parametrize("length", [31, 32, 33, 63])
 @pytest.mark.parametrize("cache", ["prefix", "none", "dual"])
 def test_fast_dllm_v2_decodes_as_the_reference(v2, length, cache):
-    lm, naive = v2
+    check_v2(*v2, length, cache)
+
+
+@pytest.mark.parametrize("length", [4, 33])
+@pytest.mark.parametrize("cache", ["prefix", "none", "dual"])
+def test_fast_dllm_v2_with_a_probable_mask_decodes_as_the_reference(v2_heavy_mask, length, cache):
+    check_v2(*v2_heavy_mask, length, cache, seed=0)
+
+
+def check_v2(lm, naive, length, cache, seed=1):
     ref.BANNED[:] = [lm.specials.mask]
-    prompt = prompt_of(length, seed=1)
+    prompt = prompt_of(length, seed=seed)
     cfg = DecodeConfig(gen_len=64, block_len=32, sub_block_len=8, rule="dynamic", threshold=0.7,
                        cache=cache, early_stop=False)
     steps, stored, result = ours(lm, [prompt], cfg)

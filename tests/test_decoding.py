@@ -27,6 +27,16 @@ def test_threshold_inclusive_and_fallback_to_best():
                 threshold=0.9) == [[F, T, F], [F, F, T]]
 
 
+def test_dinfer_rule_inclusive_with_a_band_around_the_best():
+    d = dict(rule="dinfer", threshold=0.9)
+    assert pick([[0.95, 0.9, 0.3, 0.89]], **d) == [[T, T, F, F]]                 # >= (dynamic: >)
+    # nobody reaches it: the best one and every candidate within 1e-5 of it (threshold: the best only)
+    assert pick([[0.5, 0.499995, 0.3, 0.49998]], **d) == [[T, T, F, F]]
+    assert pick([[0.5, 0.499995, 0.3, 0.49998]], rule="threshold", threshold=0.9) == [[T, F, F, F]]
+    # no schedule: one candidate left is always committed; non-candidates never are
+    assert pick([[0.1, 0.99]], [[T, F]], **d) == [[T, F]]
+
+
 def test_factor_rule_boundaries():
     f = dict(rule="factor", factor=1.0)
     # n = 1 only: rank 2 fails (3 * (1 - 0.6) = 1.2 >= 1)
@@ -68,10 +78,25 @@ def test_fixed_schedule_counts_match_llada():
 
 def test_predict_bans_mask_and_reports_probability():
     logits = torch.tensor([[[5.0, 1.0, 0.0], [0.0, 0.0, 9.0]]])     # mask id 0 would win row 0
+    full = torch.softmax(logits, -1)
     tokens, conf = predict(logits, temperature=0, measure="prob", banned=torch.tensor([0]), generator=None)
     assert tokens.tolist() == [[1, 2]]
-    assert torch.allclose(conf, torch.softmax(logits[..., 1:], -1).max(-1).values)
+    # the probability under the full softmax, the banned mask id in its normaliser (as every author)
+    assert torch.allclose(conf, full[..., 1:].max(-1).values)
+    assert torch.equal(torch.softmax(logits, -1), full)              # the caller's logits are left alone
     assert conf.dtype == torch.float32
+
+
+def test_every_measure_keeps_the_banned_id_in_the_distribution():
+    """p(mask) = 0.3 here: the banned id changes the prediction only, never the distribution the
+    confidence is measured on (Dream's maskgit_plus, topk_margin, entropy)."""
+    p = torch.tensor([[[0.3, 0.5, 0.15, 0.05]]], dtype=torch.float64)       # id 0 banned
+    banned = torch.tensor([0])
+    got = {m: predict(p.log(), temperature=0, measure=m, banned=banned, generator=None) for m in ("prob", "margin", "neg_entropy")}
+    assert all(tokens.tolist() == [[1]] for tokens, _ in got.values())
+    assert got["prob"][1].item() == pytest.approx(0.5, abs=1e-12)             # not 0.5 / 0.7
+    assert got["margin"][1].item() == pytest.approx(0.5 - 0.3, abs=1e-12)     # top-2 of the full softmax
+    assert got["neg_entropy"][1].item() == pytest.approx((p * (p + 1e-10).log()).sum().item(), abs=1e-12)
 
 
 def test_confidence_measures():
