@@ -289,7 +289,7 @@ def describe(loaded: LoadedModel) -> dict:
             "mask_id": loaded.specials.mask, "stop_ids": list(loaded.specials.stops),
             "chat_template": loaded.has_chat_template,
             "weights_bytes": model.get_memory_footprint(), "load_seconds": round(loaded.load_seconds, 4),
-            **cpu_details(loaded)}
+            **cpu_details(loaded), **({"portable_4bit_layers": n} if (n := getattr(model, "portable_4bit_layers", 0)) else {})}
 
 
 def cpu_details(loaded: LoadedModel) -> dict:

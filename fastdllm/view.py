@@ -244,6 +244,8 @@ def stats_block(result: Result, info: dict, view_overhead: float | None = None) 
         ("early stop", "yes" if result.early_stopped else "no"),
         ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']})" if "cpu_capability" in info else "")
          + f" / {info.get('dtype')}" + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")
+         + (f" ({info['portable_4bit_layers']} layers on bitsandbytes' portable 4-bit kernel: shapes its bf16 CPU "
+            "kernel cannot take)" if info.get("portable_4bit_layers") else "")
          + (" (bf16 emulated on this CPU: slow, fp32 is faster)" if info.get("bf16") == "emulated" else "")),
         ("peak memory", f"{human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})"),
     ]

@@ -12,7 +12,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from ..cache import CanvasCache
 from ..cache_modes import BIDIRECTIONAL, Attention
-from .layers import RMSNorm, linear, pack_linear, rotary_tables
+from .layers import RMSNorm, keep_4bit_portable, linear, pack_linear, rotary_tables
 from .moe import Router
 
 
@@ -84,16 +84,19 @@ class DiffusionLM(PreTrainedModel):
     def prepare_for_inference(self, pack: bool = True) -> None:
         """After placement: one matmul for q/k/v and one for gate/up in every block, and on CPU
         (with `pack`) the weights in oneDNN's blocked layout where this CPU has kernels for their
-        dtype. Numerics are unchanged; the module is then for inference only (fused parameters
+        dtype; 4-bit layers of shapes bitsandbytes' bf16 CPU kernel cannot take on its portable
+        kernel (layers.keep_4bit_portable). Numerics are unchanged; the module is then for inference only (fused parameters
         change shape)."""
         from ..cpu import packable_dtypes
 
         for block in self.blocks:
             block.fuse()
         dtypes = packable_dtypes() if pack else frozenset()     # asked once, not layer by layer
+        self.portable_4bit_layers = 0        # 4-bit layers bitsandbytes' bf16 CPU kernel cannot take
         for module in list(self.blocks.modules()) + [self.output_head]:
             if isinstance(module, nn.Linear):
                 pack_linear(module, dtypes)
+                self.portable_4bit_layers += keep_4bit_portable(module)
 
     @classmethod
     def check_loaded(cls, report: dict) -> None:

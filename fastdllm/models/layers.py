@@ -86,6 +86,26 @@ def pack_linear(lin: nn.Module, dtypes: frozenset[torch.dtype]) -> bool:
     return True
 
 
+def cpu_4bit_packable(out_features: int, in_features: int, blocksize: int = 64) -> bool:
+    """Whether bitsandbytes' AVX-512-bf16 CPU kernel can take a 4-bit weight of this shape: it
+    repacks the weight in panels of 32 output rows and its absmax per whole input block."""
+    return out_features % 32 == 0 and in_features % blocksize == 0 and in_features % 2 == 0
+
+
+def keep_4bit_portable(lin: nn.Module) -> bool:
+    """A bitsandbytes 4-bit Linear (0.49+) repacks its weight for its AVX-512-bf16 CPU kernel at its
+    first CPU forward, where the CPU has bf16 units, and fails on shapes that kernel cannot take.
+    Such a layer keeps bitsandbytes' portable 4-bit kernel, the one every other CPU runs: the same
+    4-bit weights, the same answer as there. Every linear of the published checkpoints packs (all
+    their sizes are multiples of 64); tiny test models have some that do not. True if it changed."""
+    if not getattr(lin, "support_avx512bf16_for_cpu", False):
+        return False
+    if cpu_4bit_packable(lin.out_features, lin.in_features, getattr(lin.weight, "blocksize", 64)):
+        return False
+    lin.support_avx512bf16_for_cpu = False
+    return True
+
+
 def linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
     if lin.weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lin.weight, lin.bias, "none", [], "")
