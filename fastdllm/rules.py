@@ -46,6 +46,12 @@ def _dynamic(sorted_conf, cfg, scheduled):
     return (sorted_conf > cfg.threshold).sum(-1).maximum(scheduled)
 
 
+def _dinfer(sorted_conf, cfg, scheduled):
+    # inclusive threshold; when none reaches it, the best one and every candidate within 1e-5 of it
+    bar = (sorted_conf[:, :1] - 1e-5).clamp_max(cfg.threshold)
+    return (sorted_conf >= bar).sum(-1)
+
+
 def _entropy_bounded(sorted_conf, cfg, scheduled):
     # confidences are neg_entropy (sum p log p), best first: the longest prefix whose entropies add up
     # to less than the budget (non-candidates at -inf add +inf and are never counted)
@@ -74,6 +80,11 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "every candidate with confidence > threshold (strictly), at least the step's share of the "
          "schedule (SDAR's low_confidence_dynamic; Fast-dLLM v2's rule with one token per step)",
          scheduled=True, needs_probability=True),
+    Rule("dinfer", "threshold", _dinfer, lambda cfg: cfg.threshold,
+         lambda v, n: f"dinfer threshold {v:g}", lambda v, n: f"t>={v:g}",
+         "dInfer's threshold decoder: every candidate with confidence >= min(threshold, best - 1e-5), "
+         "no per-step quota (docs/llada2-moe.md 6.3)",
+         needs_probability=True),
     Rule("sequential", "steps", _fixed, lambda cfg: cfg.total_steps,
          lambda v, n: f"sequential {v} steps", _steps_text,
          "the step's share of the schedule, leftmost candidates first (SDAR's sequential)",

@@ -19,6 +19,7 @@ from fastdllm.engine import run
 from fastdllm.errors import UserError
 from fastdllm.events import StepEvent
 from fastdllm.tiny_moe import write_llada2_moe, write_llada_moe
+from mask_heavy import heavy_copy, max_mask_probability
 from test_blockdiff import cli
 
 # name -> (writer, its overrides, naive reference class): the docs' §8 fixtures, a second with the
@@ -34,6 +35,9 @@ FIXTURES = {
 }
 
 
+HEAVY = "_heavy_mask"        # a fixture's name + HEAVY: its copy whose mask takes real probability
+HEAVY_WORD_PROMPT = {"llada2": 5, "llada_moe": 13}   # the prompt length the mask's word is chosen on
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -42,6 +46,13 @@ def checkpoints(tmp_path_factory):
     made = {}
 
     def get(name):
+        if name not in made and name.endswith(HEAVY):        # tests/mask_heavy.py
+            base, naive = get(name.removesuffix(HEAVY))
+            length = HEAVY_WORD_PROMPT[name.removesuffix(HEAVY)]
+            canvas = prompt_of(length, seed=length) + [base.specials.mask] * 32
+            heavy = heavy_copy(base, tmp_path_factory.mktemp("heavy") / name, canvas)
+            assert max_mask_probability(heavy, canvas) > 0.05   # the fixture does not hide the normaliser
+            made[name] = (heavy, type(naive)(heavy.path))
         if name not in made:
             writer, overrides, naive = FIXTURES[name]
             path = writer(tmp_path_factory.mktemp("ckpt") / name, **overrides)
@@ -119,7 +130,9 @@ def decode(lm, prompts, cfg):
 
 @pytest.mark.parametrize("name, length, per_block, threshold", [
     ("llada2", 5, 32, 0.7), ("llada2", 32, 32, 0.95), ("llada2", 33, 16, 0.7), ("llada2", 63, 8, 0.7),
-    ("llada2", 31, 16, 0.95), ("llada2_b", 33, 32, 0.7), ("llada2_b", 1, 8, 0.7)])
+    ("llada2", 31, 16, 0.95), ("llada2_b", 33, 32, 0.7), ("llada2_b", 1, 8, 0.7),
+    ("llada2_heavy_mask", 5, 32, 0.7), ("llada2_heavy_mask", 32, 32, 0.95), ("llada2_heavy_mask", 33, 16, 0.7),
+    ("llada2_heavy_mask", 63, 8, 0.7)])
 def test_llada2_decodes_as_its_generate(checkpoints, name, length, per_block, threshold):
     """H1's generate (docs/llada2-moe.md §6.1) with the dynamic rule: the same commits at every step
     under every cache mode (block-causal: exact); NFE = H1's + one store pass per block kept (Q7)."""
@@ -139,7 +152,27 @@ def test_llada2_decodes_as_its_generate(checkpoints, name, length, per_block, th
         assert result.nfe == trace.nfe + stores
 
 
-@pytest.mark.parametrize("name, length, steps", [("llada_moe", 13, 64), ("llada_moe", 40, 32), ("llada_moe_b", 7, 32)])
+@pytest.mark.parametrize("name, length, threshold", [("llada2", 11, 0.8), ("llada2", 33, 0.9), ("llada2_b", 5, 0.8),
+                                                     ("llada2_heavy_mask", 5, 0.7), ("llada2_heavy_mask", 33, 0.9)])
+def test_llada2_decodes_as_dinfer(checkpoints, name, length, threshold):
+    """D1's threshold decoder (docs/llada2-moe.md 6.3), our `dinfer` rule: the same commits at every
+    step under every cache mode; NFE = D1's without its unrolled extra forwards, plus the store passes."""
+    lm, naive = checkpoints(name)
+    prompt = prompt_of(length, seed=length)
+    trace = ref.llada2_generate(naive, prompt, mask_id=lm.specials.mask, eos_id=lm.specials.stops[0],
+                                gen_length=32, threshold=threshold, rule="dinfer")
+    assert not trace.stopped
+    assert any(len(pairs) > 1 for _, pairs in trace.steps)      # parallel commits happen
+    for cache in ("prefix", "none", "dual"):
+        cfg = DecodeConfig(gen_len=32, block_len=32, rule="dinfer", threshold=threshold, cache=cache, early_stop=False)
+        steps, stores, result, _ = decode(lm, [prompt], cfg)
+        assert steps[0] == [pairs for _, pairs in trace.steps]
+        assert result.canvas[0].tolist() == trace.canvas[length:]
+        assert result.nfe == trace.nfe + stores
+
+
+@pytest.mark.parametrize("name, length, steps", [("llada_moe", 13, 64), ("llada_moe", 40, 32), ("llada_moe_b", 7, 32),
+                                                 ("llada_moe_heavy_mask", 13, 64), ("llada_moe_heavy_mask", 40, 32)])
 def test_llada_moe_decodes_as_the_model_card(checkpoints, name, length, steps):
     """The card's generate (docs/llada-moe.md §5.1): our `fixed` rule without a cache, step by step."""
     lm, naive = checkpoints(name)
@@ -185,11 +218,13 @@ def test_a_batch_decodes_each_row_as_alone(checkpoints, name, lengths, cache):
 
 
 @pytest.mark.parametrize("name, profile, attention, rule", [("llada2", "llada2", "block-causal(32)", "dynamic"),
+                                                            ("llada2", "llada2-dinfer", "block-causal(32)", "dinfer"),
                                                             ("llada_moe", "llada-moe", "bidirectional", "threshold")])
 def test_generate_and_info_through_the_cli(checkpoints, name, profile, attention, rule):
     lm, _ = checkpoints(name)
     assert lm.tokenizer.decode(lm.encode("hi")).endswith("<role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role>")
-    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "32", "--raw", "def f(x):").stdout)
+    chosen = [] if profile in ("llada2", "llada-moe") else ["--profile", profile]   # the family's default, or named
+    record = json.loads(cli("generate", "-m", lm.path, *chosen, "--json", "-n", "32", "--raw", "def f(x):").stdout)
     assert record["profile"] == profile and record["config"]["block_len"] == 32 and record["config"]["rule"] == rule
     assert record["model"]["attention"] == attention and record["nfe"] >= 1 and len(record["ids"]) <= 32
     info = json.loads(cli("info", lm.path, "--json").stdout)
