@@ -42,7 +42,7 @@ class ServerProcess:
     def log(self) -> str:
         return "".join(self.lines)
 
-    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match:
+    def wait_for_log(self, pattern: str, timeout: float = 120.0) -> re.Match:   # generous: CI may be busy
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if found := re.search(pattern, self.log):

@@ -327,7 +327,7 @@ def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_session(llada_dir, tmp_p
         for attempt in range(5):
             term.send("\x03")
             with contextlib.suppress(AssertionError):
-                term.expect("Use /bye or Ctrl+D to exit", timeout=10)
+                term.expect("Use /bye or Ctrl+D to exit", timeout=30)
                 break
         else:
             raise AssertionError("Ctrl+C at the prompt printed no hint")
