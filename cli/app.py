@@ -7,14 +7,16 @@ from typing import Annotated
 
 import typer
 
-from . import common
+from . import user_errors
 from .bench import bench
 from .chat import chat
-from .eval import EXAMPLES as EVAL_EXAMPLES, eval_
+from .eval import EXAMPLES as EVAL_EXAMPLES
+from .eval import eval_
 from .generate import generate
 from .info import info
 from .profiles_cmd import app as profiles_app
-from .serve import EXAMPLES as SERVE_EXAMPLES, serve
+from .serve import EXAMPLES as SERVE_EXAMPLES
+from .serve import serve
 
 app = typer.Typer(
     name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -24,7 +26,7 @@ app = typer.Typer(
 
 @app.callback()
 def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks.")] = False):
-    common.DEBUG["on"] = debug or bool(os.environ.get("FASTDLLM_DEBUG"))
+    user_errors.DEBUG["on"] = debug or bool(os.environ.get("FASTDLLM_DEBUG"))
 
 
 app.command()(generate)

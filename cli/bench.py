@@ -3,24 +3,27 @@ Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or i
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError
 
-from .common import (MODEL_FLAGS, err_console, is_terminal, load_model, model_placement, out_console,
-                     resolve_model_dir, user_errors)
+from .model import load_model
+from .options import MODEL_FLAGS, comma_names, model_placement
+from .results import check_writable, save
+from .terminal import err_console, is_terminal, out_console
+from .user_errors import user_errors
 
 DEFAULT_N_PROMPTS = 4     # built-in sets; a --prompts file runs whole
 
 
 def _comma_list(text: str | None, name: str) -> tuple | None:
     """'256,512' -> (256, 512), each value checked as the DecodeConfig field `name`."""
-    from fastdllm.config import DecodeConfig
+    from fastdllm.decode.config import DecodeConfig
 
     if text is None:
         return None
@@ -37,15 +40,8 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(t) for t in items))
 
 
-def _names(values: list[str] | None) -> list[str] | None:
-    """Repeated flags and comma lists alike: ['a,b', 'c'] -> ['a', 'b', 'c']."""
-    if values is None:
-        return None
-    return [n.strip() for v in values for n in v.split(",") if n.strip()]
-
-
 def list_configs() -> None:
-    from fastdllm.bench import CONFIGS
+    from fastdllm.bench.cases import CONFIGS
 
     width = max(map(len, CONFIGS))
     for row in CONFIGS.values():
@@ -81,10 +77,12 @@ def bench(
     NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality."""
     if list_rows:
         return list_configs()
-    from fastdllm import bench as runner, profiles, prompts
-    from fastdllm.bench_format import format_for, require_matplotlib
-    from fastdllm.bench_inputs import check_infilling
-    from fastdllm.rules import RULES
+    from fastdllm.bench import cases as bench_cases
+    from fastdllm.bench import prompts, runner
+    from fastdllm.bench.format import format_for, require_matplotlib
+    from fastdllm.bench.inputs import check_infilling
+    from fastdllm.decode import profiles
+    from fastdllm.decode.rules import RULES
 
     # everything a user can get wrong is checked before the model is loaded
     fmt = format_for(output_format, output)
@@ -94,20 +92,20 @@ def bench(
     check_writable(plot, "--plot")
     if plot is not None:
         require_matplotlib()
-    sweep = runner.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
+    sweep = bench_cases.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
                          batch_size=_batch_sizes(batch_size), threshold=_comma_list(threshold, "threshold"),
                          factor=_comma_list(factor, "factor"), early_stop=early_stop)
-    rows = runner.pick_rows(_names(configs), [profiles.find(p) for p in _names(profile) or []])
+    rows = bench_cases.pick_rows(comma_names(configs), [profiles.find(p) for p in comma_names(profile) or []])
     if prompts_file is not None and prompt_set is not None:
         raise UsageError("give --prompts FILE or --prompt-set NAME, not both")
     chosen = prompts.from_file(prompts_file) if prompts_file else prompts.builtin(prompt_set) if prompt_set else None
     n = n_prompts if n_prompts is not None or prompts_file else DEFAULT_N_PROMPTS
     chosen = chosen and chosen.take(n)
     model_dir = resolve_model_dir(model)
-    cases = runner.expand(rows, sweep, model_dir)
+    cases = bench_cases.expand(rows, sweep, model_dir)
     if chosen is not None:
         check_infilling(chosen, cases, chat)
-    for param in runner.SWEPT_PARAMS:
+    for param in bench_cases.SWEPT_PARAMS:
         if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")
 
@@ -140,38 +138,18 @@ def bench(
         raise stopped
 
 
-def check_writable(path: Path | None, flag: str) -> None:
-    """Refuse a results file that could not be written, before the first row runs."""
-    if path is None:
-        return
-    folder = path.absolute().parent
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: the directory {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable")
-
-
-def save(records: list[dict], fmt: str, output: Path, render=None) -> None:
-    """Replace `output` whole (through a temporary file beside it: never half a file); `render`
-    (records, fmt) -> text, bench's by default."""
-    from fastdllm.bench_format import render as bench_render
-    from fastdllm.errors import UserError
-
-    partial = output.with_name(f".{output.name}.partial")
-    try:
-        partial.write_text((render or bench_render)(records, fmt))
-        os.replace(partial, output)
-    except OSError as e:
-        raise UserError(f"cannot write {output}: {e}") from None
-
-
 class RunProgress:
     """A rich progress bar with ETA on a terminal (stderr); elsewhere one line per finished row."""
 
     def __init__(self, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.bar = (Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                              TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
@@ -190,8 +168,7 @@ class RunProgress:
         return False
 
     def tick(self, case, what: str) -> None:
-        from fastdllm.bench import rule_fields
-        from fastdllm.bench_format import rule_text
+        from fastdllm.decode.rules import rule_fields, rule_text
 
         self.done += 1
         c = case.cfg
@@ -204,7 +181,8 @@ class RunProgress:
 
 
 def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None) -> None:
-    from fastdllm.bench_format import plot as draw, render, table
+    from fastdllm.bench.format import plot as draw
+    from fastdllm.bench.format import render, table
 
     if output is not None:
         save(records, fmt, output)

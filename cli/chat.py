@@ -1,5 +1,5 @@
 """`fastdllm chat`: a multi-turn REPL. The session state and the slash commands are pure functions in
-fastdllm/chat.py; this file reads input, prints, and makes the one model call (`answer`)."""
+fastdllm/terminal/chat.py; this file reads input, prints, and makes the one model call (`answer`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from fastdllm.decode.rules import describe
 from fastdllm.errors import UserError
-from fastdllm.rules import describe
 
-from .common import (RunOptions, err_console, generation_options, is_terminal, keys_not_echoed, live_view, prepare,
-                     user_errors, utf8)
+from .model import prepare
+from .options import RunOptions, generation_options
+from .terminal import err_console, is_terminal, keys_not_echoed, live_view
+from .text_input import utf8
+from .user_errors import user_errors
 
 PROMPT, MORE = ">>> ", "... "
 
@@ -30,7 +33,7 @@ def chat(
     *, opts: RunOptions,
 ):
     """Chat with a model, turn by turn (/? lists the commands; piped lines are messages, for scripts)."""
-    from fastdllm.chat import Session, is_command, read_message
+    from fastdllm.terminal.chat import Session, is_command, read_message
 
     lm, profile, cfg = prepare(opts)
     session = Session(cfg, profile, flags={k: v for k, v in opts.decode.items() if v is not None},
@@ -70,7 +73,7 @@ def chat(
 
 def handle(lm, session, text: str, command: bool, live: bool) -> bool:
     """One input, a message or a slash command; False when the session ends."""
-    from fastdllm.chat import regen_target, run_command
+    from fastdllm.terminal.chat import regen_target, run_command
 
     if not command:
         answer(lm, session, session.messages, text, session.cfg, live)
@@ -86,9 +89,10 @@ def handle(lm, session, text: str, command: bool, live: bool) -> bool:
 
 def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> None:
     """Decode an answer to `message` after `history`; print it; record the turn in `session`."""
-    from fastdllm.chat import cut_plain_answer, fit_history, plain_transcript
-    from fastdllm.engine import run
-    from fastdllm.view import stats_line
+    from fastdllm.checkpoints.plain_chat import cut_plain_answer, plain_transcript
+    from fastdllm.decode.engine import run
+    from fastdllm.terminal.chat import fit_history
+    from fastdllm.terminal.view import stats_line
 
     if lm.has_chat_template:
         encode = lambda h: lm.encode(message, chat=True, system=session.system, history=h)   # noqa: E731

@@ -1,5 +1,5 @@
 """`fastdllm eval`: task metrics beside speed for each profile, on lm-evaluation-harness
-(fastdllm/evaluate.py). Progress on stderr; results (table, Markdown, JSON, CSV) on stdout or in
+(fastdllm/eval/tasks.py). Progress on stderr; results (table, Markdown, JSON, CSV) on stdout or in
 a file, rewritten as each (task, profile) finishes and kept when interrupted."""
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError, UserError
 
-from .bench import _names, check_writable, save as save_records
-from .common import (MODEL_FLAGS, decoding_options, err_console, is_terminal, load_model, model_placement, out_console,
-                     resolve_model_dir, user_errors)
+from .model import load_model
+from .options import MODEL_FLAGS, comma_names, decoding_options, model_placement
+from .results import check_writable
+from .results import save as save_records
+from .terminal import err_console, is_terminal, out_console
+from .user_errors import user_errors
 
 EXAMPLES = """Examples:
 
@@ -53,8 +57,8 @@ def eval_(
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")     # lm-eval's own bars; read when tqdm is first imported
-    from fastdllm import profiles
-    from fastdllm.eval_format import FORMATS, SUFFIXES
+    from fastdllm.decode import profiles
+    from fastdllm.eval.format import FORMATS, SUFFIXES
 
     fmt = output_format or (SUFFIXES.get(output.suffix.lower()) if output else "table")
     if fmt not in FORMATS:
@@ -68,13 +72,13 @@ def eval_(
         raise UsageError(f"--mc-num {mc_num} must be a positive multiple of --mc-batch {mc_batch}")
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
     try:
-        from fastdllm import evaluate
+        from fastdllm.eval import tasks as evaluate
     except ImportError as e:
         raise UserError(f"fastdllm eval needs lm-evaluation-harness ({e.name} is missing): "
                         f"pip install 'fastdllm[eval]'") from None
-    task_names = _names(tasks)
+    task_names = comma_names(tasks)
     model_dir = resolve_model_dir(model)
-    chosen = [profiles.find(p) for p in _names(profiles_) or [profiles.default_profile_for(model_dir)]]
+    chosen = [profiles.find(p) for p in comma_names(profiles_) or [profiles.default_profile_for(model_dir)]]
     configs = [(p.name, profiles.resolve(p, decode, model_dir)) for p in chosen]
     manager = evaluate.task_manager(include_path or [], task_names)
     options = evaluate.Options(limit=limit, num_fewshot=num_fewshot, chat=chat, confirm_run_unsafe_code=unsafe,
@@ -108,7 +112,13 @@ class Progress:
     """A rich bar per (task, profile) on a terminal (stderr); elsewhere one line per finished pair."""
 
     def __init__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+        from rich.progress import Progress as Bar
 
         self.bar = (Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err_console, transient=True) if err_console.is_terminal else None)
@@ -138,13 +148,13 @@ class Progress:
 
 
 def save(records: list[dict], fmt: str, output: Path) -> None:
-    from fastdllm.eval_format import render
+    from fastdllm.eval.format import render
 
     save_records(records, fmt, output, render)
 
 
 def emit(records: list[dict], fmt: str, output: Path | None) -> None:
-    from fastdllm.eval_format import render, table
+    from fastdllm.eval.format import render, table
 
     if output is not None:
         save(records, fmt, output)

@@ -10,26 +10,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from fastdllm.errors import UsageError, UserError
-
-from .common import (RunOptions, argument_text, err_console, generation_options, is_terminal, keys_not_echoed, live_view,
-                     prepare, user_errors, utf8)
-
-
-def read_prompt(prompt: str | None, file: Path | None) -> str:
-    """The prompt from -f FILE, stdin or the argument; all three must be valid UTF-8 (one rule)."""
-    if file is not None:
-        try:
-            data = file.read_bytes()
-        except OSError as e:
-            raise UserError(f"cannot read prompt file {file}: {e}") from None
-        return utf8(data, f"prompt file {file}")
-    if prompt == "-" or (prompt is None and not is_terminal(sys.stdin)):
-        stream = getattr(sys.stdin, "buffer", None)
-        return utf8(stream.read(), "the prompt on stdin") if stream else sys.stdin.read()
-    if prompt is None:
-        raise UsageError("no prompt: give it as an argument, with -f FILE, or on stdin")
-    return argument_text(prompt, "the prompt argument")
+from .model import prepare
+from .options import RunOptions, generation_options
+from .terminal import err_console, is_terminal, keys_not_echoed, live_view
+from .text_input import read_prompt
+from .user_errors import user_errors
 
 
 @user_errors
@@ -49,9 +34,9 @@ def generate(
     *, opts: RunOptions,
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
-    from fastdllm.engine import run
-    from fastdllm.rules import describe
-    from fastdllm.view import BlockStreamer, stats_block, stats_line
+    from fastdllm.decode.engine import run
+    from fastdllm.decode.rules import describe
+    from fastdllm.terminal.view import BlockStreamer, stats_block, stats_line
 
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     if infill_file is not None or suffix is not None or suffix_file is not None:

@@ -1,5 +1,5 @@
 """`fastdllm generate --suffix/--suffix-file/--infill`: fill a hole between a prompt and a suffix,
-or the holes of a template (fastdllm/infill.py). Raw text only; the answer is the filled text."""
+or the holes of a template (fastdllm/decode/infill.py). Raw text only; the answer is the filled text."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from fastdllm.errors import UsageError, UserError
+from fastdllm.errors import UsageError
 
-from .common import RunOptions, argument_text, err_console, keys_not_echoed, prepare, utf8
-from .generate import read_prompt
+from .model import prepare
+from .options import RunOptions
+from .terminal import err_console, keys_not_echoed
+from .text_input import argument_text, read_prompt, read_text
 
 
 def infill(opts: RunOptions, prompt, file, suffix, suffix_file, template_file, *, chat: bool | None, trim: bool,
@@ -21,7 +23,7 @@ def infill(opts: RunOptions, prompt, file, suffix, suffix_file, template_file, *
     over the holes' masks, at most as many as the config has)."""
     from dataclasses import replace
 
-    from fastdllm.canvas import block_end
+    from fastdllm.decode.canvas import block_end
 
     if chat:
         raise UsageError("--chat: infilling works on raw text (the template is the whole canvas)")
@@ -36,7 +38,7 @@ def infill(opts: RunOptions, prompt, file, suffix, suffix_file, template_file, *
 def template_parts(prompt: str | None, file: Path | None, suffix: str | None, suffix_file: Path | None,
                    template_file: Path | None) -> tuple[list, str]:
     """(infill.parse parts, "suffix" | "template") from the flags; usage errors for mixed forms."""
-    from fastdllm import infill
+    from fastdllm.decode import infill
 
     if template_file is not None:
         if prompt is not None or file is not None or suffix is not None or suffix_file is not None:
@@ -50,22 +52,12 @@ def template_parts(prompt: str | None, file: Path | None, suffix: str | None, su
     return [read_prompt(prompt, file), None, text], "suffix"
 
 
-def read_text(path: Path, flag: str) -> str:
-    if str(path) == "-":
-        stream = getattr(sys.stdin, "buffer", None)
-        return utf8(stream.read(), f"{flag} on stdin") if stream else sys.stdin.read()
-    try:
-        return utf8(path.read_bytes(), f"{flag} {path}")
-    except OSError as e:
-        raise UserError(f"{flag}: cannot read {path}: {e.strerror or e}") from None
-
-
 def fill(lm, profile, cfg, parts: list, form: str, *, hole: int, trim: bool, json_out: bool, live: bool,
          quiet: bool, verbose: bool) -> None:
-    from fastdllm import infill
-    from fastdllm.engine import run
-    from fastdllm.rules import describe
-    from fastdllm.view import InfillCanvas, stats_block, stats_line
+    from fastdllm.decode import infill
+    from fastdllm.decode.engine import run
+    from fastdllm.decode.rules import describe
+    from fastdllm.terminal.view import InfillCanvas, stats_block, stats_line
 
     filling = infill.for_model(lm, parts, hole)
     header = (f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)} · "

@@ -6,7 +6,11 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from .common import out_console, print_columns, resolve_model_dir, user_errors
+
+from fastdllm.checkpoints.locate import resolve_model_dir
+
+from .terminal import out_console, print_columns
+from .user_errors import user_errors
 
 
 @user_errors
@@ -17,9 +21,9 @@ def info(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ):
     """Family, size, dtype on disk, context, special ids, chat template, memory estimates."""
-    from fastdllm.checkpoint_info import inspect_checkpoint, memory_estimate
-    from fastdllm.cpu import bf16_note, this_cpu
-    from fastdllm.view import human_bytes
+    from fastdllm.checkpoints.info import inspect_checkpoint, memory_estimate
+    from fastdllm.models.cpu import bf16_note, this_cpu
+    from fastdllm.units import human_bytes
 
     details = inspect_checkpoint(resolve_model_dir(model))
     memory = memory_estimate(details, prompt_len + gen_len)

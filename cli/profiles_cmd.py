@@ -8,7 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 import yaml
-from .common import out_console as out, print_columns, resolve_model_dir, user_errors
+
+from fastdllm.checkpoints.locate import resolve_model_dir
+
+from .terminal import out_console as out
+from .terminal import print_columns
+from .user_errors import user_errors
 
 app = typer.Typer(help="List and inspect decoding profiles.", no_args_is_help=True)
 
@@ -17,7 +22,7 @@ app = typer.Typer(help="List and inspect decoding profiles.", no_args_is_help=Tr
 @user_errors
 def list_profiles():
     """Built-in and user profiles (FASTDLLM_PROFILE_DIR, ~/.config/fastdllm/profiles)."""
-    from fastdllm import profiles
+    from fastdllm.decode import profiles
 
     print_columns([(p.name, p.source, p.description) for p in profiles.available()],
                   header=("name", "source", "description"))
@@ -31,7 +36,7 @@ def show(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Include this model's defaults.")] = None,
 ):
     """Show a profile; with --resolved, every setting after defaults, model, profile and environment."""
-    from fastdllm import profiles
+    from fastdllm.decode import profiles
 
     profile = profiles.find(name)
     if not resolved:       # a file that -P loads back to the same settings (description included)

@@ -14,7 +14,9 @@ import typer
 
 from fastdllm.errors import UsageError, UserError
 
-from .common import RunOptions, generation_options, prepare, user_errors
+from .model import prepare
+from .options import RunOptions, generation_options
+from .user_errors import user_errors
 
 EXAMPLES = """Examples:
 

@@ -21,13 +21,15 @@ import time
 from pathlib import Path
 
 import torch
+from speed import (
+    in_memory,  # scripts/speed.py: random weights of any shape, on the device
+)
 
-from fastdllm import loading
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import run
-from fastdllm.tiny_blockdiff import write_fast_dllm_v2, write_sdar
-from fastdllm.tiny_random import write_llada
-from speed import in_memory   # scripts/speed.py: random weights of any shape, on the device
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.checkpoints.tiny_random import write_llada
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
 
 # name -> (family writer, config overrides of the published shape)
 SHAPES = {

@@ -2,7 +2,7 @@
 """Evaluate the built-in tiny code model on held-out stdlib modules and write its model card.
 
     python scripts/eval_tiny.py                  # figures as JSON on stdout
-    python scripts/eval_tiny.py --write-card     # also (re)write fastdllm/builtin/tiny-code/README.md
+    python scripts/eval_tiny.py --write-card     # also (re)write fastdllm/checkpoints/builtin/tiny-code/README.md
 
 Prompts are function headers plus the first body line from the held-out modules. The fast
 setting is the `code` profile with threshold 0.9; the baseline is the `baseline` profile (no cache,
@@ -26,10 +26,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from fastdllm import loading, profiles  # noqa: E402
-from fastdllm.bench import agreement  # noqa: E402
-from fastdllm.builtin import builtin_model_path  # noqa: E402
-from fastdllm.engine import run  # noqa: E402
+from fastdllm.bench.runner import agreement  # noqa: E402
+from fastdllm.checkpoints import loading  # noqa: E402
+from fastdllm.checkpoints.builtin import builtin_model_path  # noqa: E402
+from fastdllm.decode import profiles  # noqa: E402
+from fastdllm.decode.engine import run  # noqa: E402
 from fastdllm.models import LLaDAModelLM  # noqa: E402
 from fastdllm.training import data  # noqa: E402
 from fastdllm.training.train import heldout_loss  # noqa: E402

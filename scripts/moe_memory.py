@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Memory of the full published MoE checkpoints at bf16 / 8-bit / 4-bit, from parameter counts as
-`fastdllm info` computes them (checkpoint_info; the model is built on the meta device: no weights),
+`fastdllm info` computes them (checkpoints/info.py; the model is built on the meta device: no weights),
 against 24 GiB and 12 GiB GPUs (part 3 of scripts/moe_speed.py, which prints it too; issue 14).
 
     python scripts/moe_memory.py
@@ -13,16 +13,20 @@ import argparse
 from math import prod
 
 import torch
+from moe_shapes import (  # scripts/moe_shapes.py: the published shapes
+    SHAPES,
+    family,
+    published,
+)
 
-from fastdllm.checkpoint_info import idle_expert_parameters, memory_estimate
-from moe_shapes import SHAPES, family, published   # scripts/moe_shapes.py: the published shapes
+from fastdllm.checkpoints.info import idle_expert_parameters, memory_estimate
 
 GPUS_GIB = (24, 12)
 HEADROOM_GIB = 1.0        # CUDA context, allocator slack, activations and logits of a step
 
 
 def memory(args) -> None:
-    """`fastdllm info`'s estimate (checkpoint_info) for the full published shapes, from the tensor
+    """`fastdllm info`'s estimate (checkpoints/info.py) for the full published shapes, from the tensor
     shapes a checkpoint would hold: the model built on the meta device, nothing allocated."""
     canvas = args.prompt_len + args.gen_len_memory
     print(f"\n### Memory of the full published shapes (weights + bf16 KV cache of {canvas} tokens, as "
@@ -56,7 +60,7 @@ def memory(args) -> None:
 
 
 def shape_info(shapes: dict, config) -> dict:
-    """The fields memory_estimate reads, computed as checkpoint_info.inspect_checkpoint does."""
+    """The fields memory_estimate reads, computed as checkpoints.info.inspect_checkpoint does."""
     parameters = sum(prod(s) for s in shapes.values())
     in_blocks = sum(prod(s) for n, s in shapes.items()
                     if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))

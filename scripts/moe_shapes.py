@@ -5,12 +5,16 @@ random-weight models built from them, and what a step of those models reads.
 
 from __future__ import annotations
 
-
 import torch
 
-from fastdllm import loading
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_moe import (
+    PUBLISHED,
+    published_config,
+    write_llada2_moe,
+    write_llada_moe,
+)
 from fastdllm.models.moe import SparseMoE
-from fastdllm.tiny_moe import PUBLISHED, published_config, write_llada2_moe, write_llada_moe
 
 # name -> (model_type of the published config, tiny checkpoint writer: tokenizer and special tokens only)
 SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe)}
@@ -122,7 +126,7 @@ def expected_hits(experts: int, k: int, tokens: int) -> float:
 
 
 def active_parameters(model) -> int:
-    """Parameters one token uses: all but (E - k) / E of the routed experts (checkpoint_info's count)."""
+    """Parameters one token uses: all but (E - k) / E of the routed experts (checkpoints/info.py's count)."""
     idle = 0
     for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
         r = moe.gate.routing

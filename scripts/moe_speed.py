@@ -6,7 +6,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
     python scripts/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
     python scripts/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
 
-1. Per-step cost. The published config (fastdllm/published/<family>/config.json) with only
+1. Per-step cost. The published config (fastdllm/checkpoints/published/<family>/config.json) with only
    `--layers` (every one a MoE layer: the published dense layer 0 is left out, so the figures are
    per MoE layer) and `--experts` changed, built in memory with random weights (std 0.02), against
    a dense model of the same class, layers and attention whose MLP width is the active expert width
@@ -27,7 +27,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
    weight-read bound (measured with one pass over a 1 GiB buffer unless `--bandwidth` is given).
    Also an estimate of the published full-depth step from the per-layer times.
 3. Memory of the full published shapes at bf16 / 8-bit / 4-bit, from parameter counts as
-   `fastdllm info` computes them (checkpoint_info; the model is built on the meta device: no
+   `fastdllm info` computes them (checkpoints/info.py; the model is built on the meta device: no
    weights), against 24 GiB and 12 GiB GPUs.
 """
 
@@ -45,16 +45,30 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from moe_memory import (  # scripts/moe_memory.py: the memory table (part 3)
+    add_memory_args,
+    memory,
+)
+from moe_shapes import (  # scripts/moe_shapes.py
+    SHAPES,
+    active_parameters,
+    active_width,
+    dense_config,
+    expected_hits,
+    expert_width,
+    moe_config,
+    published,
+    random_model,
+    read_per_step,
+    shared_width,
+)
 
-from fastdllm import loading
-from fastdllm.config import DecodeConfig
-from fastdllm.cpu import bf16_note
-from fastdllm.engine import run
-from fastdllm.family_defaults import decode_defaults
+from fastdllm.checkpoints import loading
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
+from fastdllm.decode.family_defaults import decode_defaults
+from fastdllm.models.cpu import bf16_note
 from fastdllm.models.moe import SparseMoE
-from moe_memory import add_memory_args, memory   # scripts/moe_memory.py: the memory table (part 3)
-from moe_shapes import (SHAPES, active_parameters, active_width, dense_config, expected_hits,  # scripts/moe_shapes.py
-                        expert_width, moe_config, published, random_model, read_per_step, shared_width)
 
 
 # --- timing ----------------------------------------------------------------------------------------

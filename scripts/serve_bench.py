@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from fastdllm.prompts import builtin
+from fastdllm.bench.prompts import builtin
 
 
 def main() -> None:

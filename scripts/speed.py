@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from fastdllm import loading
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import run
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_random import FIXTURES, write_llada
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
 from fastdllm.models import FAMILIES
-from fastdllm.tiny_random import FIXTURES, write_llada
 
 
 def build_in_memory(args, tmp: Path) -> loading.LoadedModel:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train the built-in tiny code model (CPU, seeded, resumable).
 
-    python scripts/train_tiny.py                      # train from scratch into fastdllm/builtin/tiny-code
+    python scripts/train_tiny.py                      # train from scratch into fastdllm/checkpoints/builtin/tiny-code
     python scripts/train_tiny.py --resume             # continue from runs/tiny/state.pt (or the export)
     python scripts/train_tiny.py --max-minutes 170    # stop cleanly before a 3-hour job limit
 """

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-from fastdllm import loading
-from fastdllm.tiny_random import FIXTURES, write_dream, write_llada   # FIXTURES: real published non-weight files
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_random import (  # FIXTURES: real published non-weight files
+    FIXTURES,
+    write_dream,
+    write_llada,
+)
 
 # Sharper-than-usual random weights: varied tokens and confidences (median ~0.7), so that the
 # threshold and factor rules commit several tokens in some steps and one in others.

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from fastdllm import loading
+from fastdllm.checkpoints import loading
 
 HEADS = ("lm_head.weight", "model.transformer.ff_out.weight")   # Qwen-style / LLaDA names (untied)
 

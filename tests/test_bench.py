@@ -12,11 +12,14 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from fastdllm import bench, bench_format, prompts
-from fastdllm.bench import CONFIGS, Measured, Sweep, agreement, compare, expand, pick_rows
+from fastdllm.bench import format as bench_format
+from fastdllm.bench import prompts
+from fastdllm.bench import runner as bench
+from fastdllm.bench.cases import CONFIGS, Sweep, expand, pick_rows
+from fastdllm.bench.runner import Measured, agreement, compare
 from fastdllm.cli.app import app
+from fastdllm.decode.profiles import find
 from fastdllm.errors import UsageError, UserError
-from fastdllm.profiles import find
 
 NO_ENV: dict = {}                     # isolate expansion from FASTDLLM_* variables of the shell
 runner = CliRunner()
@@ -264,7 +267,7 @@ def test_ctrl_c_keeps_finished_rows(llada_dir, monkeypatch):
 
 def infill_templates(lm, prompt_set, gen_len):
     """The set's templates as `fastdllm generate --suffix` builds them (cli/infill.py)."""
-    from fastdllm import infill
+    from fastdllm.decode import infill
 
     encode = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
     return [infill.tokenize([p, None, s], encode, mask=lm.specials.mask, default_len=gen_len)
@@ -290,7 +293,7 @@ def test_infill_set_is_sixteen_return_lines_after_parsing_middles():
 def test_infill_set_reads_the_stdlib_only_when_asked_for():
     import subprocess
 
-    code = "import sys, fastdllm.prompts; print('fastdllm.training.data' in sys.modules)"
+    code = "import sys, fastdllm.bench.prompts; print('fastdllm.training.data' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
@@ -312,7 +315,7 @@ def test_prompts_file_with_suffixes_is_an_infilling_set(tmp_path):
 
 
 def test_runner_infill_rows_equal_each_template_run_alone(llada64, one_thread):
-    from fastdllm.engine import run
+    from fastdllm.decode.engine import run
 
     chosen = prompts.builtin("infill").take(2)
     cases = expand(pick_rows(["baseline", "dual+parallel"]), Sweep(gen_len=(16,), block_len=(8,)), environ=NO_ENV)
@@ -356,8 +359,8 @@ def test_cli_infill_refusals_are_one_line_before_loading(llada_dir, monkeypatch,
 
 
 def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monkeypatch):
-    from fastdllm import loading
-    from fastdllm.tiny_blockdiff import write_sdar
+    from fastdllm.checkpoints import loading
+    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
 
     path = write_sdar(tmp_path / "tiny-sdar")
     lm = loading.load(path, dtype="fp32")
@@ -368,7 +371,7 @@ def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monk
 
 
 def test_an_infilled_answer_between_whole_lines_is_judged_as_whole_lines():
-    from fastdllm.prompts import in_place
+    from fastdllm.bench.prompts import in_place
 
     assert in_place("def f(x):\n", "    y = x  ", "    return y\n") == "    y = x\n    return y\n"
     assert in_place("def f(x):\n", "    y = x\n", "    return y\n") == "    y = x\n    return y\n"

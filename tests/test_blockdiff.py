@@ -6,15 +6,15 @@ v2 block, the same NFE; exact cache modes equal to no cache; a batch equal to it
 from __future__ import annotations
 
 import pytest
-import torch
-
 import reference_blockdiff as ref
-from fastdllm import loading
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import generate
-from fastdllm.events import Result, StepEvent
-from fastdllm.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+import torch
 from mask_heavy import heavy_copy, max_mask_probability
+
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import generate
+from fastdllm.decode.events import Result, StepEvent
 
 
 @pytest.fixture(scope="module", autouse=True)

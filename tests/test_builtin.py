@@ -8,11 +8,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from fastdllm import loading
-from fastdllm.builtin import builtin_model_path
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.builtin import builtin_model_path
 from fastdllm.cli.app import app
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import run
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
 
 PROMPT = "def fibonacci(n):\n"
 

@@ -67,7 +67,8 @@ def test_cache_bytes_and_no_cache_mode(llada64):
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_inference_layout_keeps_numerics(family, request):
     """Fused q/k/v and gate/up plus oneDNN-packed CPU weights give the plain model's logits."""
-    from fastdllm import cpu, loading
+    from fastdllm.checkpoints import loading
+    from fastdllm.models import cpu
 
     path = request.getfixturevalue(f"{family}_dir")
     prepared = loading.load(path, dtype="fp32")

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fastdllm import chat as repl
-from fastdllm import profiles
+from fastdllm.checkpoints import plain_chat
 from fastdllm.cli.app import app
-from fastdllm.config import DecodeConfig
+from fastdllm.decode import profiles
+from fastdllm.decode.config import DecodeConfig
 from fastdllm.errors import UserError
+from fastdllm.terminal import chat as repl
 
 SMALL = ["-n", "16", "--block-len", "8"]
 
@@ -169,9 +170,9 @@ def test_regen_stats_and_plain_transcript():
     assert s.regen_config().seed == 1 and s.regen_config().seed == 2 and s.cfg.seed == 0
     assert repl.run_command(s, "/stats").text == "2 turns · 20 tokens · 8 forwards · 1.00 s · 20.0 tok/s mean"
     assert repl.run_command(session(), "/stats").text == "No answers yet."
-    assert repl.plain_transcript("Be kind.", turn("hi", "hello"), "bye") == \
+    assert plain_chat.plain_transcript("Be kind.", turn("hi", "hello"), "bye") == \
         "Be kind.\n\nUser: hi\nAssistant: hello\nUser: bye\nAssistant:"
-    assert repl.cut_plain_answer(" Fine.\nUser: and you?") == "Fine."
+    assert plain_chat.cut_plain_answer(" Fine.\nUser: and you?") == "Fine."
 
 
 # ---------------------------------------------------------------- through the CLI, piped
@@ -215,7 +216,7 @@ not sent: after /bye
 
 
 def test_context_trimming_and_too_long_message(llada_dir, llada64, tmp_path, monkeypatch):
-    from fastdllm import loading
+    from fastdllm.checkpoints import loading
 
     real_load = loading.load
     room = len(llada64.encode("one", chat=True)) + 16 + 2          # one short message and its canvas
@@ -234,7 +235,7 @@ def test_context_trimming_and_too_long_message(llada_dir, llada64, tmp_path, mon
 
 
 def test_interrupted_answer_is_not_kept(llada_dir, tmp_path, monkeypatch):
-    import fastdllm.engine as engine
+    import fastdllm.decode.engine as engine
 
     real, calls = engine.generate, []
 

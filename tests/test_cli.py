@@ -58,9 +58,9 @@ def test_pipe_streams_block_by_block(llada64):
     """When stdout is not a terminal the answer is written as blocks finish, not at the end."""
     import io
 
-    from fastdllm.config import DecodeConfig
-    from fastdllm.engine import BlockEvent, Result, generate
-    from fastdllm.view import BlockStreamer
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.engine import BlockEvent, Result, generate
+    from fastdllm.terminal.view import BlockStreamer
 
     class Recorder(io.StringIO):
         def __init__(self):
@@ -90,9 +90,9 @@ def test_pipe_streams_block_by_block(llada64):
 def test_live_view_renders_placeholders_highlights_and_footer(llada64):
     from rich.console import Console
 
-    from fastdllm.config import DecodeConfig
-    from fastdllm.engine import StepEvent, generate
-    from fastdllm.view import MASK_GLYPH, LiveCanvas
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.engine import StepEvent, generate
+    from fastdllm.terminal.view import MASK_GLYPH, LiveCanvas
 
     console = Console(record=True, width=100, height=40, force_terminal=True, file=open("/dev/null", "w"))
     view = LiveCanvas(console, llada64.tokenizer, "tiny · profile default", 32, 16, llada64.specials.stops)
@@ -176,7 +176,7 @@ def test_errors_are_one_line_with_exit_codes(llada_dir, args, code, message):
 
 
 def test_no_prompt_is_a_usage_error(llada_dir, monkeypatch):
-    monkeypatch.setattr("fastdllm.cli.generate.is_terminal", lambda stream: True)   # as if stdin were a terminal
+    monkeypatch.setattr("fastdllm.cli.text_input.is_terminal", lambda stream: True)   # as if stdin were a terminal
     r = invoke("generate", "-m", llada_dir)
     assert r.exit_code == 2 and "no prompt" in r.stderr
 
@@ -188,7 +188,7 @@ def test_quantize_without_bitsandbytes(llada_dir, monkeypatch):
 
 
 def test_ctrl_c_exits_130_without_a_complete_answer(llada_dir, monkeypatch):
-    import fastdllm.engine as engine
+    import fastdllm.decode.engine as engine
 
     real = engine.generate
 
@@ -216,7 +216,8 @@ def test_quantized_8bit_and_4bit_on_cpu(family, request, tmp_path):
         path = request.getfixturevalue("llada_dir")
     else:  # bitsandbytes' CPU 4-bit kernel needs rows of at least its block size (64)
         from conftest import VARIED
-        from fastdllm.tiny_random import write_dream
+
+        from fastdllm.checkpoints.tiny_random import write_dream
 
         path = write_dream(tmp_path / "dream64", hidden_size=64, intermediate_size=128, **VARIED)
     sizes = {}

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from fastdllm import loading
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_random import FIXTURES
 from fastdllm.models.layers import cpu_4bit_packable, keep_4bit_portable
-from fastdllm.tiny_random import FIXTURES
 
 bnb = pytest.importorskip("bitsandbytes")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdllm.config import ConfigError, DecodeConfig
-from fastdllm.decoding import fixed_schedule, predict, select
+from fastdllm.decode.config import ConfigError, DecodeConfig
+from fastdllm.decode.selection import fixed_schedule, predict, select
 
 T, F = True, False
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import BlockEvent, Result, StepEvent, generate, run
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import BlockEvent, Result, StepEvent, generate, run
 from fastdllm.errors import UserError
 
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please.", "What is 2 + 2?"]

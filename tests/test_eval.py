@@ -13,14 +13,13 @@ import torch
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
-
-from fastdllm.config import DecodeConfig  # noqa: E402
-from fastdllm.engine import run  # noqa: E402
-from fastdllm.errors import UserError  # noqa: E402
-from fastdllm.harness import FastdllmLM  # noqa: E402
-from fastdllm.tiny_blockdiff import write_sdar  # noqa: E402
-
 from test_cli import invoke  # noqa: E402
+
+from fastdllm.checkpoints.tiny_blockdiff import write_sdar  # noqa: E402
+from fastdllm.decode.config import DecodeConfig  # noqa: E402
+from fastdllm.decode.engine import run  # noqa: E402
+from fastdllm.errors import UserError  # noqa: E402
+from fastdllm.eval.harness import FastdllmLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tests" / "eval_task"
@@ -105,7 +104,7 @@ def test_trailing_spaces_of_the_context_go_to_the_continuation(llada64):
 
 
 def test_block_causal_families_refuse_likelihoods(tmp_path):
-    from fastdllm import loading
+    from fastdllm.checkpoints import loading
 
     lm = loading.load(write_sdar(tmp_path / "tiny-sdar"), dtype="fp32")
     harness = FastdllmLM(lm=lm, cfg=DecodeConfig(gen_len=8, block_len=4))
@@ -162,7 +161,7 @@ def test_a_hub_task_offline_is_one_line(llada_dir):
 
 
 def test_lm_evals_own_command_line_with_fastdllm_registered(llada_dir, tmp_path):
-    """`python -m fastdllm.harness` (lm-eval's CLI) run outside the checkout, so that the installed
+    """`python -m fastdllm.eval.harness` (lm-eval's CLI) run outside the checkout, so that the installed
     package is the one imported; the task's data path made absolute for that."""
     import subprocess
     import sys
@@ -172,7 +171,7 @@ def test_lm_evals_own_command_line_with_fastdllm_registered(llada_dir, tmp_path)
     (tmp_path / "tasks" / "tiny_next_line.yaml").write_text(yaml)
 
     def lm_eval(model_args: str):
-        return subprocess.run([sys.executable, "-m", "fastdllm.harness", "--model", "fastdllm", "--model_args",
+        return subprocess.run([sys.executable, "-m", "fastdllm.eval.harness", "--model", "fastdllm", "--model_args",
                                f"pretrained={llada_dir},dtype=fp32,{model_args}", "--tasks", "tiny_next_line",
                                "--include_path", str(tmp_path / "tasks"), "--limit", "2"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=600)

@@ -7,8 +7,8 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from fastdllm.bench import agreement
-from fastdllm.builtin import builtin_model_path
+from fastdllm.bench.runner import agreement
+from fastdllm.checkpoints.builtin import builtin_model_path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eval_tiny.py"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fastdllm import engine
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import StepEvent, generate
-from fastdllm.graphs import SpanForward, graphs_possible
+from fastdllm.decode import engine
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import StepEvent, generate
+from fastdllm.decode.graphs import SpanForward, graphs_possible
 
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please."]
 

@@ -6,17 +6,17 @@ import json
 
 import pytest
 import torch
-
-from fastdllm import infill, loading
-from fastdllm.canvas import plan_infill
-from fastdllm.config import DecodeConfig
-from fastdllm.decoding import predict
-from fastdllm.engine import StepEvent, generate, run
-from fastdllm.errors import UserError
-from fastdllm.events import Result
-from fastdllm.tiny_blockdiff import write_sdar
-
 from test_cli import invoke
+
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+from fastdllm.decode import infill
+from fastdllm.decode.canvas import plan_infill
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import StepEvent, generate, run
+from fastdllm.decode.events import Result
+from fastdllm.decode.selection import predict
+from fastdllm.errors import UserError
 
 TEMPLATE = "def f(x):\n<|mask:7|>\n    y = x\n<|mask:5|>\n    return y\n"
 
@@ -242,7 +242,7 @@ def test_trim_cuts_each_hole_at_its_end_token(llada_dir, capsys):
 def test_live_view_shows_the_text_dim_and_the_holes_filling(llada64):
     from rich.console import Console
 
-    from fastdllm.view import MASK_GLYPH, InfillCanvas
+    from fastdllm.terminal.view import MASK_GLYPH, InfillCanvas
 
     f = filling_of(llada64, TEMPLATE)
     console = Console(record=True, width=100, height=40, force_terminal=True, file=open("/dev/null", "w"))

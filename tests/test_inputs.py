@@ -10,10 +10,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fastdllm import cpu, loading
+from fastdllm.checkpoints import loading
 from fastdllm.cli.app import app
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import run
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
+from fastdllm.models import cpu
 
 runner = CliRunner()
 SMALL = ["-n", "32", "--block-len", "16"]
@@ -107,7 +108,7 @@ def test_profiles_show_round_trips_through_a_file(name, tmp_path):
     shown = invoke("profiles", "show", name)
     copy = tmp_path / "my.yaml"
     copy.write_text(shown.stdout)
-    from fastdllm import profiles
+    from fastdllm.decode import profiles
 
     original, reloaded = profiles.find(name), profiles.find(str(copy))
     assert reloaded.values == original.values and reloaded.description == original.description
@@ -151,7 +152,7 @@ def test_bench_output_that_cannot_be_written_is_refused_before_loading(llada_dir
 
 @pytest.mark.parametrize("failure, code", [(KeyboardInterrupt, 130), (RuntimeError, None)])
 def test_bench_rows_are_on_disk_as_they_finish_and_kept_on_failure(llada_dir, tmp_path, monkeypatch, failure, code):
-    from fastdllm import bench
+    from fastdllm.bench import runner as bench
 
     out, real_measure, seen = tmp_path / "r.jsonl", bench.measure, []
 
@@ -223,7 +224,7 @@ def test_debug_after_the_subcommand_shows_the_traceback(args):
 def test_live_view_draws_end_of_text_padding_as_one_dim_symbol(llada64):
     from rich.console import Console
 
-    from fastdllm.view import END_GLYPH, MASK_GLYPH, LiveCanvas
+    from fastdllm.terminal.view import END_GLYPH, MASK_GLYPH, LiveCanvas
 
     console = Console(width=100, height=40, force_terminal=True, file=open(os.devnull, "w"))
     stop = llada64.specials.stops[0]
@@ -237,7 +238,7 @@ def test_live_view_draws_end_of_text_padding_as_one_dim_symbol(llada64):
 
 def test_keys_are_not_echoed_while_the_model_loads(llada_dir, monkeypatch):
     termios = pytest.importorskip("termios")
-    import fastdllm.cli.common as common
+    from fastdllm.cli import model as cli_model
 
     controller, terminal = os.openpty()
     with open(terminal, "r") as tty:
@@ -245,6 +246,6 @@ def test_keys_are_not_echoed_while_the_model_loads(llada_dir, monkeypatch):
         echo = lambda: bool(termios.tcgetattr(terminal)[3] & termios.ECHO)   # noqa: E731
         before, real_load, during = echo(), loading.load, []
         monkeypatch.setattr(loading, "load", lambda *a, **k: during.append(echo()) or real_load(*a, **k))
-        common.load_model(llada_dir, dtype="fp32", device="cpu", quantize="none")
+        cli_model.load_model(llada_dir, dtype="fp32", device="cpu", quantize="none")
         assert before and during == [False] and echo()                  # off while loading, then restored
     os.close(controller)

@@ -1,4 +1,4 @@
-"""The tiny block-diffusion checkpoints (fastdllm/tiny_blockdiff.py) and the naive reference decoders
+"""The tiny block-diffusion checkpoints (fastdllm/checkpoints/tiny_blockdiff.py) and the naive reference decoders
 (tests/reference_blockdiff.py) themselves: files and names as docs/fast-dllm-v2.md and docs/sdar.md
 state, tokenizer ids, the naive forward against transformers' Qwen2/Qwen3, and the decoders' own
 invariants (quotas, one token per step, AR tokens, NFE formulas, exact prefix cache, prompt lengths)."""
@@ -9,10 +9,22 @@ import json
 
 import pytest
 import torch
+from reference_blockdiff import (
+    NaiveQwen,
+    full_logits,
+    greedy,
+    sdar_generate,
+    v2_generate,
+)
 from safetensors.torch import load_file
 
-from fastdllm.tiny_blockdiff import SDAR_MASK_ID, V2_MASK_ID, V2_STOP_ID, write_fast_dllm_v2, write_sdar
-from reference_blockdiff import NaiveQwen, full_logits, greedy, sdar_generate, v2_generate
+from fastdllm.checkpoints.tiny_blockdiff import (
+    SDAR_MASK_ID,
+    V2_MASK_ID,
+    V2_STOP_ID,
+    write_fast_dllm_v2,
+    write_sdar,
+)
 
 SDAR_STOPS = (151645, 151643)          # generation_config eos ids
 G_SDAR, G_V2 = 16, 64
@@ -186,7 +198,12 @@ def test_confidences_vary(family, v2, sdar):
 @pytest.mark.parametrize("family", ["v2", "sdar"])
 def test_naive_forward_matches_transformers(family, v2, sdar):
     """The naive float64 forward (causal mask) equals transformers' own Qwen2 / Qwen3 on the same weights."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
     naive = v2 if family == "v2" else sdar
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "head_dim")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import StepEvent, generate
 from conftest import HEAVY_PROMPT
 from mask_heavy import max_mask_probability
 from reference import reference_generate
+
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import StepEvent, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
 
@@ -83,8 +83,9 @@ def test_confidence_measures_are_the_authors_over_the_full_softmax(fixture, cach
 def test_reference_factor_quirk_differs_from_paper_rule():
     """The reference commits every candidate when only the last-ranked one fails its bound; with two
     masks left it always commits both. fastdllm follows the paper: (n+1)(1 - c_n) < f."""
-    from fastdllm.decoding import select
     from reference import transfer
+
+    from fastdllm.decode.selection import select
 
     conf = torch.tensor([[0.99, 0.5]], dtype=torch.float64)     # rank 2: 3 * 0.5 = 1.5 >= f = 1
     cand = torch.tensor([[True, True]])

@@ -1,4 +1,4 @@
-"""The tiny MoE checkpoints (fastdllm/tiny_moe.py) and the naive references (tests/reference_moe.py)
+"""The tiny MoE checkpoints (fastdllm/checkpoints/tiny_moe.py) and the naive references (tests/reference_moe.py)
 themselves: files, config keys and tensor names as docs/llada2-moe.md and docs/llada-moe.md state,
 tokenizer ids and chat templates, the MoE blocks against transformers' DeepSeek-V3 / OLMoE blocks (the
 same router math), attention patterns, partial RoPE, and the decoders' own invariants."""
@@ -8,11 +8,21 @@ from __future__ import annotations
 import json
 
 import pytest
+import reference_moe as ref
 import torch
 
-import reference_moe as ref
-from fastdllm.tiny_moe import (BOS_ID, EOS_ID, MASK_ID, PUBLISHED, PUBLISHED_DIRS, ROLE_END_ID, TOKENIZER_LEN, VOCAB_SIZE,
-                               write_llada2_moe, write_llada_moe)
+from fastdllm.checkpoints.tiny_moe import (
+    BOS_ID,
+    EOS_ID,
+    MASK_ID,
+    PUBLISHED,
+    PUBLISHED_DIRS,
+    ROLE_END_ID,
+    TOKENIZER_LEN,
+    VOCAB_SIZE,
+    write_llada2_moe,
+    write_llada_moe,
+)
 
 PROMPT = torch.randint(6, 4000, (40,), generator=torch.Generator().manual_seed(7)).tolist()
 SHARDS = {f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)}

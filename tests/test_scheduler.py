@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from fastdllm import loading
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import run
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
 from fastdllm.serve.jobs import Failed, Finished, Job, QueueFull, StepUpdate, TextUpdate
 from fastdllm.serve.scheduler import Scheduler
-from fastdllm.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please.", "What is 2 + 2?",
            "Write a haiku about caches.", "def add(a, b):"]
@@ -205,7 +205,7 @@ def test_sampled_jobs_are_decoded_alone_and_reproduce_their_seed(llada64):
 
 
 def test_an_infilling_job_is_decoded_alone_beside_a_batch(llada64, sdar64):
-    from fastdllm import infill
+    from fastdllm.decode import infill
     from fastdllm.serve.protocol import ApiError, Server, prepare_completion
 
     cfg = DecodeConfig(gen_len=16, block_len=8, cache="dual", threshold=0.7)

@@ -15,10 +15,10 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
+from serve_process import ServerProcess  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from fastdllm.cli.app import app  # noqa: E402
-from serve_process import ServerProcess  # noqa: E402
 
 KEY = "test-key-123"
 PROMPT = "def add(a, b):"

@@ -13,10 +13,12 @@ import torch
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from fastdllm import loading, profiles  # noqa: E402
-from fastdllm.engine import run  # noqa: E402
-from fastdllm.prompts import builtin  # noqa: E402
 from serve_process import ServerProcess  # noqa: E402
+
+from fastdllm.bench.prompts import builtin  # noqa: E402
+from fastdllm.checkpoints import loading  # noqa: E402
+from fastdllm.decode import profiles  # noqa: E402
+from fastdllm.decode.engine import run  # noqa: E402
 
 CLIENTS, REQUESTS = 16, 64
 LENGTHS = (32, 64, 96)          # max_tokens: one, two or three blocks

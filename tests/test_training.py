@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from fastdllm import loading
-from fastdllm.config import DecodeConfig
-from fastdllm.engine import run
+from fastdllm.checkpoints import loading
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
 from fastdllm.training import data
 from fastdllm.training.train import TrainConfig, train
 

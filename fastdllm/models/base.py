@@ -10,8 +10,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from ..cache import CanvasCache
-from ..cache_modes import BIDIRECTIONAL, Attention
+from .attention import BIDIRECTIONAL, Attention
+from .kv_cache import CanvasCache
 from .layers import RMSNorm, keep_4bit_portable, linear, pack_linear, rotary_tables
 from .moe import Router
 
@@ -87,7 +87,7 @@ class DiffusionLM(PreTrainedModel):
         dtype; 4-bit layers of shapes bitsandbytes' bf16 CPU kernel cannot take on its portable
         kernel (layers.keep_4bit_portable). Numerics are unchanged; the module is then for inference only (fused parameters
         change shape)."""
-        from ..cpu import packable_dtypes
+        from .cpu import packable_dtypes
 
         for block in self.blocks:
             block.fuse()

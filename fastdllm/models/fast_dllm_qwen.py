@@ -8,7 +8,7 @@ key in config.json: the mask is the tokenizer's `|<MASK>|` token."""
 
 from __future__ import annotations
 
-from ..cache_modes import Attention
+from .attention import Attention
 from .qwen import QwenConfig, QwenLM
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import CanvasCache
+from .kv_cache import CanvasCache
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import PretrainedConfig
 
-from ..cache_modes import Attention
+from .attention import Attention
 from .base import DecoderStack
 from .layers import RMSNorm, self_attention, take_rows
 from .moe import Routing, SparseMoE, SwiGLU

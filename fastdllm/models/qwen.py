@@ -14,7 +14,6 @@ from transformers import PretrainedConfig
 from .base import DecoderStack
 from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
 
-
 QWEN_KEYS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=None, head_dim=None, hidden_act="silu",
                  max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,

@@ -8,7 +8,7 @@ its own hidden state. The mask is `mask_token_id` when the config has it, else t
 
 from __future__ import annotations
 
-from ..cache_modes import Attention
+from .attention import Attention
 from .qwen import QwenConfig, QwenLM
 
 

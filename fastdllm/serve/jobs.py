@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-from ..config import DecodeConfig
+from ..decode.config import DecodeConfig
 
 
 @dataclass(frozen=True)

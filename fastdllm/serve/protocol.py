@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .. import profiles
-from ..canvas import block_end
-from ..chat import plain_transcript
-from ..config import DecodeConfig
+from ..checkpoints.plain_chat import plain_transcript
+from ..decode import profiles
+from ..decode.canvas import block_end
+from ..decode.config import DecodeConfig
 from ..errors import UserError
 
 PLAIN_TURN = "\nUser:"      # without a chat template the answer ends where the next user line starts

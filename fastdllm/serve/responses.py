@@ -8,7 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..chat import cut_plain_answer
+from ..checkpoints.plain_chat import cut_plain_answer
 from .jobs import Finished, StepUpdate
 from .protocol import Prepared
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import torch
 
-from ..canvas import block_end, length
-from ..config import DecodeConfig
-from ..engine import answer_ids
+from ..decode.canvas import block_end, length
+from ..decode.config import DecodeConfig
+from ..decode.engine import answer_ids
 from .jobs import Finished, Job, StepUpdate, TextUpdate
 
 
@@ -74,7 +74,7 @@ class Row:
     def batch(self, rows: list["Row"], cfg: DecodeConfig):
         """The engine Batch of `rows` (this one first) under cfg; an infilling row is alone, its
         canvas the prompt, cfg.gen_len masks (its region) and the suffix."""
-        from ..engine import Batch
+        from ..decode.engine import Batch
 
         suffix = self.job.suffix
         if suffix is None:

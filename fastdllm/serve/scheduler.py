@@ -25,8 +25,8 @@ import sys
 import threading
 import time
 
+from ..decode.events import StepEvent
 from ..errors import UserError
-from ..events import StepEvent
 from .jobs import Failed, Job, QueueFull, ShuttingDown
 from .rows import Row, batch_key, config_for, fits
 

@@ -1,0 +1,43 @@
+"""From flags to a loaded model: the model directory, profile and config resolved before any
+weights are read, then the weights, with a spinner on a terminal."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+from rich.text import Text
+
+from fastdllm.checkpoints.locate import resolve_model_dir
+
+from .options import RunOptions
+from .terminal import err_console, keys_not_echoed
+
+
+def load_model(model_dir: Path, **placement: str):
+    """Load with a spinner on a terminal (stderr)."""
+    from fastdllm.checkpoints import loading
+
+    spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
+    with spinner, keys_not_echoed():
+        lm = loading.load(model_dir, **placement)
+    if lm.info.get("bf16") == "emulated":
+        from fastdllm.models.cpu import bf16_note
+
+        err_console.print(f"note: {bf16_note()}", style="yellow")
+    return lm
+
+
+def prepare(opts: RunOptions):
+    """Resolve model dir, profile and config (before any weights are read), then load the model."""
+    from fastdllm.decode import profiles
+
+    model_dir = resolve_model_dir(opts.model)
+    profile = profiles.find(opts.profile or profiles.default_profile_for(model_dir))
+    cfg = profiles.resolve(profile, opts.decode, model_dir)
+    lm = load_model(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    trained = lm.model.attention.block
+    if trained is not None and cfg.block_len != trained:
+        err_console.print(f"note: blocks of {cfg.block_len}, but {model_dir.name} was trained with blocks of "
+                          f"{trained}: not its authors' setting", style="yellow")
+    return lm, profile, cfg

@@ -1,0 +1,108 @@
+"""What bench runs: named configurations (rows: the built-in ones and profiles), swept over
+gen_len, block_len, batch size and the rules' parameters, expanded into cases. A case is one
+DecodeConfig at one batch size; cases of a group (gen_len, block_len, batch size) share a baseline."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..decode.config import DecodeConfig
+from ..decode.profiles import Profile, resolve
+from ..decode.rules import RULES
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class Row:
+    """A named configuration: DecodeConfig values over the model defaults, or a whole profile."""
+    name: str
+    values: dict
+    doc: str = ""
+    profile: Profile | None = None
+
+
+ONE_PER_STEP = {"rule": "fixed", "steps": "none"}     # steps none = gen_len: one token per step
+PARALLEL = {"rule": "threshold", "threshold": 0.9}
+CONFIGS = {row.name: row for row in [
+    Row("baseline", {"cache": "none", **ONE_PER_STEP},
+        "no cache, one token per step (the LLaDA schedule): the reference for speedup and agreement"),
+    Row("parallel", {"cache": "none", **PARALLEL}, "no cache, commit every token with confidence >= 0.9"),
+    Row("prefix", {"cache": "prefix", **ONE_PER_STEP}, "PrefixCache, one token per step"),
+    Row("dual", {"cache": "dual", **ONE_PER_STEP}, "DualCache, one token per step"),
+    Row("prefix+parallel", {"cache": "prefix", **PARALLEL}, "PrefixCache + threshold 0.9"),
+    Row("dual+parallel", {"cache": "dual", **PARALLEL}, "DualCache + threshold 0.9 (the paper's setting)"),
+    Row("dual+factor", {"cache": "dual", "rule": "factor", "factor": 1.0},
+        "DualCache + factor rule: largest n with (n+1)(1-c_n) < 1"),
+]}
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Comma-list flags; every combination is run. Threshold values apply to rows using the
+    threshold rule and factor values to rows using the factor rule (None: the row's own value)."""
+    gen_len: tuple[int, ...] = (256,)
+    block_len: tuple[int, ...] | None = None   # None: the model family's (32 for LLaDA and Dream)
+    batch_size: tuple[int, ...] = (1,)
+    threshold: tuple[float, ...] | None = None
+    factor: tuple[float, ...] | None = None
+    early_stop: bool | None = None       # None: the usual layers decide (on by default)
+
+
+SWEPT_PARAMS = ("threshold", "factor")    # rule parameters that bench takes as comma lists
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    cfg: DecodeConfig
+    batch_size: int
+
+    @property
+    def group(self) -> tuple[int, int, int]:
+        """Cases of one group share a baseline."""
+        return self.cfg.gen_len, self.cfg.block_len, self.batch_size
+
+
+def pick_rows(names: list[str] | None, profiles: list[Profile] = ()) -> list[Row]:
+    """The built-in rows named (all when None) followed by one row per profile."""
+    for name in names or []:
+        if name not in CONFIGS:
+            raise UsageError(f"unknown configuration '{name}' (available: {', '.join(CONFIGS)})")
+    rows = [CONFIGS[n] for n in dict.fromkeys(names)] if names is not None else list(CONFIGS.values())
+    taken = {r.name for r in rows}
+    for p in profiles:
+        name = p.name if p.name not in taken else f"profile:{p.name}"
+        rows.append(Row(name, {}, p.description, p))
+        taken.add(name)
+    if not rows:
+        raise UsageError("no configurations to run")
+    return rows
+
+
+def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
+           environ: dict | None = None) -> list[Case]:
+    """Every (gen_len, block_len, batch size) group x every row (x threshold / factor values where the
+    row's rule uses them), groups in order, rows in order inside a group. Invalid combinations
+    raise before anything runs."""
+    cases = []
+    for gen_len, block_len, batch in itertools.product(sweep.gen_len, sweep.block_len or [None], sweep.batch_size):
+        for row in rows:
+            flags = {**row.values, "gen_len": gen_len, "block_len": block_len, "early_stop": sweep.early_stop}
+            try:
+                cfg = resolve(row.profile, flags, model_dir, environ)
+            except UsageError as e:
+                where = f"gen_len {gen_len}" + (f", block_len {block_len}" if block_len else "")
+                raise UsageError(f"{row.name} at {where}: "
+                                 f"{str(e).removeprefix('flags: ')}") from None
+            param = RULES[cfg.rule].param
+            for value in swept_values(sweep, param) or [None]:
+                cases.append(Case(row.name, cfg if value is None else replace(cfg, **{param: value}), batch))
+    return cases
+
+
+def swept_values(sweep: Sweep, param: str | None) -> tuple | None:
+    """The values swept for a rule parameter (threshold, factor), None when it is not swept."""
+    return getattr(sweep, param, None) if param in SWEPT_PARAMS else None

@@ -1,0 +1,204 @@
+"""Render bench records (the flat dicts of `fastdllm.bench`): a rich table and Markdown for people,
+JSON / JSONL / CSV for machines, and a plot. Every format reads the same records; the human ones
+move the values shared by all rows (model, device, gen_len when not swept, ...) into a caption."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from ..decode.rules import RULES, rule_text
+from ..errors import UsageError, UserError
+from ..units import human_bytes
+
+FORMATS = ("table", "md", "json", "jsonl", "csv")
+SUFFIXES = {".md": "md", ".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "table"}
+
+
+def format_for(name: str | None, path: Path | None) -> str:
+    """The format asked for with -o, else the output file's suffix, else the table."""
+    if name is not None:
+        if name not in FORMATS:
+            raise UsageError(f"-o {name}: expected one of {', '.join(FORMATS)}")
+        return name
+    if path is None:
+        return "table"
+    if path.suffix.lower() not in SUFFIXES:
+        raise UsageError(f"cannot tell the format of {path} from its suffix: pass -o {'|'.join(FORMATS)}")
+    return SUFFIXES[path.suffix.lower()]
+
+
+def tunable(r: dict) -> bool:
+    """A record whose rule has a confidence parameter (worth labelling in plots)."""
+    return RULES[r["rule"]].needs_probability
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _speed(r: dict) -> str:
+    std = r.get("tokens_per_second_std")
+    return f"{r['tokens_per_second']:.1f}" + (f" ± {std:.1f}" if std is not None else "")
+
+
+# (header, value from a record, shown only when the values differ between rows)
+COLUMNS = [
+    ("config", lambda r: r["config"], False),
+    ("cache", lambda r: r["cache"], False),
+    ("rule", rule_text, False),
+    ("gen", lambda r: str(r["gen_len"]), True),
+    ("block", lambda r: str(r["block_len"]), True),
+    ("batch", lambda r: str(r["batch_size"]), True),
+    ("tok/s", _speed, False),
+    ("speedup", lambda r: None if r["speedup"] is None else f"{r['speedup']:.2f}x", False),
+    ("NFE", lambda r: str(r["nfe"]), False),
+    ("tok/fwd", lambda r: f"{r['tokens_per_forward']:.2f}", False),
+    ("same tok", lambda r: None if r["agreement_tokens"] is None else _pct(r["agreement_tokens"]), False),
+    ("same ans", lambda r: None if r["agreement_answers"] is None else _pct(r["agreement_answers"]), False),
+    ("quality", lambda r: None if r["quality"] is None else _pct(r["quality"]), False),
+    ("peak mem", lambda r: human_bytes(r["peak_memory_bytes"]), False),
+    ("KV cache", lambda r: human_bytes(r["cache_bytes"]), False),
+]
+LEFT = {"config", "cache", "rule"}          # text columns; numbers are right-aligned
+
+
+def cells(records: list[dict]) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows of strings, caption) for the human formats. Columns that are empty for every
+    row are dropped; sweep columns are shown only when they vary (else they go to the caption)."""
+    kept = []
+    for header, get, only_if_varies in COLUMNS:
+        values = [get(r) for r in records]
+        if all(v is None for v in values) or (only_if_varies and len(set(values)) == 1):
+            continue
+        if header == "quality" and records[0].get("quality_metric"):
+            header = records[0]["quality_metric"]
+        kept.append((header, ["" if v is None else v for v in values]))
+    headers = [h for h, _ in kept]
+    rows = [list(row) for row in zip(*(values for _, values in kept))]
+    return headers, rows, caption(records)
+
+
+def caption(records: list[dict]) -> str:
+    r = records[0]
+    parts = [f"{r['model_name']} ({r['family']}, {r['device']}, {r['dtype']}"
+             + (f", {r['quantize']}" if r.get("quantize") not in (None, "none") else "") + ")",
+             f"{r['n_prompts']} {r['prompt_set']} prompts" + (", infilling" if r.get("infill") and r["prompt_set"] != "infill" else "" if r["chat_template"] else ", raw")]
+    for key, name in (("gen_len", "gen_len"), ("block_len", "block_len"), ("batch_size", "batch")):
+        if len({x[key] for x in records}) == 1:
+            parts.append(f"{name} {r[key]}")
+    parts.append(f"{r['repetitions']} timed repetition{'s' * (r['repetitions'] > 1)}, {r['warmup']} warm-up")
+    parts.append(f"torch {r['torch']}, transformers {r['transformers']}, fastdllm {r['fastdllm']}")
+    parts.append(f"peak memory = {r['peak_memory_kind']}")
+    return " · ".join(parts)
+
+
+def table(records: list[dict]):
+    from rich.table import Table
+
+    headers, rows, text = cells(records)
+    t = Table(caption=text, caption_justify="left", header_style="bold")
+    for h in headers:
+        t.add_column(h, justify="left" if h in LEFT else "right", no_wrap=h in ("config", "tok/s"))
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def markdown(records: list[dict]) -> str:
+    headers, rows, text = cells(records)
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" if h in LEFT else "---:" for h in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + f"\n\n{text}\n"
+
+
+def render(records: list[dict], fmt: str, width: int = 200) -> str:
+    """Records as text in one of FORMATS (the table without colours, for files and pipes)."""
+    if fmt == "json":
+        return json.dumps({"records": records}, indent=2) + "\n"
+    if fmt == "jsonl":
+        return "".join(json.dumps(r) + "\n" for r in records)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+        return out.getvalue()
+    if fmt == "md":
+        return markdown(records)
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
+    console.print(table(records))
+    return console.file.getvalue()
+
+
+def series_name(r: dict, records: list[dict], with_rule: bool) -> str:
+    """A row's name for a plot legend: the config plus whatever else varies between records."""
+    name = r["config"]
+    for key, tag in (("block_len", "block "), ("batch_size", "batch ")):
+        if len({x[key] for x in records}) > 1:
+            name += f", {tag}{r[key]}"
+    return name + (f" {rule_text(r)}" if with_rule and tunable(r) else "")
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """Left: tokens/s against gen_len, one line per configuration. Right (when a baseline was run):
+    speedup against token agreement with the baseline, each threshold / factor sweep as a line."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    compared = [r for r in records if r["speedup"] is not None and r["agreement_tokens"] is not None]
+    fig, axes = plt.subplots(1, 2 if compared else 1, figsize=(12 if compared else 6.5, 4.5), squeeze=False)
+    left = axes[0][0]
+    for name, rows in _by(records, lambda r: series_name(r, records, with_rule=True)).items():
+        rows.sort(key=lambda r: r["gen_len"])
+        left.plot([r["gen_len"] for r in rows], [r["tokens_per_second"] for r in rows], marker="o", label=name)
+    left.set(xlabel="generation length (tokens)", ylabel="tokens / s", title="throughput")
+    left.set_xticks(sorted({r["gen_len"] for r in records}))
+    left.legend(fontsize="small")
+    if compared:
+        right = axes[0][1]
+        several = len({r["gen_len"] for r in compared}) > 1
+
+        def sweep_of(r):     # the points of one threshold / factor sweep share everything else
+            return series_name(r, compared, with_rule=False) + (f", gen {r['gen_len']}" if several else "")
+
+        for name, rows in _by(compared, sweep_of).items():
+            rows.sort(key=lambda r: r["agreement_tokens"])
+            right.plot([r["agreement_tokens"] for r in rows], [r["speedup"] for r in rows], marker="o", label=name)
+            for r in rows:
+                if tunable(r):
+                    right.annotate(rule_text(r), (r["agreement_tokens"], r["speedup"]), fontsize="x-small",
+                                   textcoords="offset points", xytext=(4, 4))
+        right.set(xlabel="token agreement with the baseline", ylabel="speedup over the baseline",
+                  title="speed vs agreement")
+        right.legend(fontsize="small")
+    fig.suptitle(caption(records).split(" · torch")[0], fontsize="small")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot write the plot {path}: {e}") from None
+    finally:
+        plt.close(fig)
+
+
+def _by(records: list[dict], key) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(key(r), []).append(r)
+    return groups

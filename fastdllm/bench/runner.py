@@ -1,0 +1,196 @@
+"""Benchmark decoding configurations: expand a sweep into cases, run every case on one prompt set,
+return one flat, JSON-ready record per case, and compare each with the `baseline` row of its group
+(same gen_len, block_len and batch size). No terminal code: `format.py` renders the records.
+
+Measurement: warm-up runs are not timed; the device is synchronised before and after each timed
+run (the engine also syncs at every step when it copies the step's decisions to the host); tokens
+are counted up to the end of each answer (Result.generated_tokens); every record carries the
+conditions it was measured under.
+
+Infilling sets (PromptSet.suffixes): each prompt is the template prefix + hole + suffix, the hole
+being the case's gen_len; templates run one at a time, raw text only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..decode.config import DecodeConfig
+from ..decode.engine import Result, run
+from ..decode.infill import Filling
+from ..decode.rules import rule_fields
+from ..errors import UsageError
+from .cases import BASELINE, Case
+from .inputs import prepare
+from .prompts import PromptSet
+
+
+@dataclass
+class Measured:
+    record: dict
+    answers: list[list[int]] = field(default_factory=list)   # per prompt (first repetition)
+
+
+def count_runs(cases: list[Case], n_prompts: int, repetitions: int, warmup: int) -> int:
+    """How many engine runs `measure` makes (for a progress bar): warm-ups, then timed batches."""
+    warm = len({_warm_key(c) for c in cases}) * warmup
+    return warm + sum(-(-n_prompts // c.batch_size) for c in cases) * repetitions
+
+
+def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
+            repetitions: int = 1, warmup: int = 1,
+            on_run: Callable[[Case, str], None] | None = None) -> Iterator[Measured]:
+    """Run every case on every prompt; yield one Measured per case as it finishes (so that an
+    interrupted bench keeps its finished rows). Comparisons are added by `compare`."""
+    check_counts(repetitions, warmup)
+    inputs = prepare(lm, cases, prompt_set, chat)
+    shared = conditions(lm, prompt_set, chat, repetitions, warmup)
+    warmed = set()
+    for case in cases:
+        fills = inputs[case.cfg.gen_len]
+        batches = [fills[i:i + case.batch_size] for i in range(0, len(fills), case.batch_size)]
+        if _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
+            warmed.add(_warm_key(case))
+            for _ in range(warmup):
+                _run(lm, batches[0], case.cfg)
+                if on_run:
+                    on_run(case, "warm-up")
+        reps = []
+        for r in range(repetitions):
+            reps.append([])
+            for batch in batches:
+                reps[-1].append(_timed_run(lm, batch, case.cfg))
+                if on_run:
+                    on_run(case, f"rep {r + 1}/{repetitions}")
+        yield summarise(case, reps, prompt_set, shared)
+
+
+def check_counts(repetitions: int, warmup: int) -> None:
+    if repetitions < 1:
+        raise UsageError(f"--repetitions {repetitions}: give at least 1")
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup}: give 0 or more")
+
+
+def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, shared: dict) -> Measured:
+    """One record from the Results of every repetition (each a list of per-batch Results)."""
+    first = reps[0]
+    speeds = [sum(r.generated_tokens for r in rep) / max(sum(r.seconds_total for r in rep), 1e-12)
+              for rep in reps]
+    texts = [t for r in first for t in r.texts]
+    cfg = case.cfg
+    record = {
+        "config": case.name, "cache": cfg.cache, **rule_fields(cfg),
+        "block_len": cfg.block_len, "batch_size": case.batch_size,
+        "tokens_per_second": round(statistics.mean(speeds), 3),
+        "tokens_per_second_std": round(statistics.stdev(speeds), 3) if len(speeds) > 1 else None,
+        "speedup": None,
+        "nfe": sum(r.nfe for r in first),                 # forwards for the whole prompt set
+        "tokens_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
+        "agreement_tokens": None, "agreement_answers": None,
+        "quality": _round(prompt_set.quality(texts)), "quality_metric": prompt_set.quality_metric,
+        "generated_tokens": sum(r.generated_tokens for r in first),
+        "seconds": round(statistics.mean(sum(r.seconds_total for r in rep) for rep in reps), 4),
+        "peak_memory_bytes": max(r.peak_memory_bytes for rep in reps for r in rep),
+        "peak_memory_kind": first[0].peak_memory_kind,
+        "cache_bytes": max(r.cache_bytes for r in first),
+        **{k: getattr(cfg, k) for k in ("confidence", "temperature", "seed", "refresh_every", "early_stop")},
+        **shared,
+    }
+    return Measured(record, [ids for r in first for ids in r.ids])
+
+
+def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int, warmup: int) -> dict:
+    """What every record of one bench shares: model, placement, software, prompts, repetitions."""
+    import torch
+    import transformers
+
+    info = lm.info
+    infilling = prompt_set.suffixes is not None
+    return {"prompt_set": prompt_set.name, "n_prompts": len(prompt_set.prompts), "infill": infilling,
+            "chat_template": False if infilling else lm.has_chat_template if chat is None else chat,
+            "repetitions": repetitions, "warmup": warmup,
+            "model": info.get("path"), "model_name": Path(str(info.get("path"))).name,
+            "family": info.get("family"), "device": info.get("device"), "dtype": info.get("dtype"),
+            "quantize": info.get("quantize"), "torch": torch.__version__,
+            "transformers": transformers.__version__, "fastdllm": _version(), "python": sys.version.split()[0]}
+
+
+def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+    """(share of identical tokens over the positions either answer generated, share of identical
+    answers). Two empty answers agree."""
+    same = sum(x == y for a, b in zip(answers, reference) for x, y in zip(a, b))
+    positions = sum(max(len(a), len(b)) for a, b in zip(answers, reference))
+    exact = sum(a == b for a, b in zip(answers, reference)) / max(len(reference), 1)
+    return (same / positions if positions else 1.0), exact
+
+
+def compare(measured: list[Measured]) -> list[dict]:
+    """Fill speedup (tokens/s ratio) and agreement against the baseline of each record's group;
+    left None where the group has no baseline row. Returns the records."""
+    def group(m):
+        return m.record["gen_len"], m.record["block_len"], m.record["batch_size"]
+
+    baselines = {group(m): m for m in measured if m.record["config"] == BASELINE}
+    for m in measured:
+        base = baselines.get(group(m))
+        if base is None:
+            continue
+        speed = base.record["tokens_per_second"]
+        m.record["speedup"] = round(m.record["tokens_per_second"] / speed, 3) if speed else None
+        tokens, answers = agreement(m.answers, base.answers)
+        m.record["agreement_tokens"], m.record["agreement_answers"] = round(tokens, 4), round(answers, 4)
+    return [m.record for m in measured]
+
+
+def _run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
+    """One engine run of a batch; an infilling batch is one template, decoded at its holes."""
+    return run(lm.decoder, [f.ids for f in batch], cfg, holes=batch[0].holes or None)
+
+
+def _timed_run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
+    _sync(lm.device)                 # nothing queued before the clock starts
+    _reset_peak_rss(lm.device)
+    result = _run(lm, batch, cfg)
+    _sync(lm.device)
+    return result
+
+
+def _warm_key(case: Case) -> tuple:
+    """Warm-up depends on the code path and shapes, not on the commit rule."""
+    return case.cfg.cache, case.cfg.gen_len, case.cfg.block_len, case.batch_size
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak_rss(device) -> None:
+    """On CPU the engine reports the process's peak RSS; Linux lets us restart that peak so each
+    record gets its own (elsewhere it stays the peak so far)."""
+    if device.type != "cpu":
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("fastdllm")
+    except metadata.PackageNotFoundError:
+        return "unknown"

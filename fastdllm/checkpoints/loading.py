@@ -1,0 +1,265 @@
+"""Load a checkpoint directory as published: config.json, sharded safetensors, tokenizer files.
+
+Weights go through transformers' `from_pretrained` (dtype, accelerate `device_map`, bitsandbytes
+`quantization_config`); our own classes are used for every family, so no Python file found in a
+checkpoint directory is ever executed. Special ids come from the checkpoint, never from constants.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..decode.decoder import Decoder, SpecialTokens
+from ..errors import UsageError, UserError
+from .placement import placement_error, quantization_config, torch_placement
+
+_PROBE = "fastdllm-end-of-turn-probe"
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+    family: str
+    specials: SpecialTokens
+    context_length: int
+    dtype: torch.dtype
+    quantize: str
+    load_seconds: float
+    info: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.input_device
+
+    @property
+    def decoder(self):
+        """What the engine needs of this model."""
+        return Decoder(self.model, self.specials, self.detokenize, self.context_length, self.path.name)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: str, *, chat: bool | None = None, system: str | None = None,
+               history: list[dict] | None = None) -> list[int]:
+        """Token ids of `prompt`, wrapped in the chat template when `chat` (default: if there is one)."""
+        use_chat = self.has_chat_template if chat is None else chat
+        if use_chat and not self.has_chat_template:
+            raise UserError(f"{self.path.name} has no chat template; use --raw")
+        if not use_chat:
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
+        messages.append({"role": "user", "content": prompt})
+        return self.encode_messages(messages)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation ({"role", "content"} dicts) in the chat template, ready for the
+        assistant's answer; the template writes the special tokens, so the tokenizer adds none."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def read_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise UserError(f"model directory not found: {path}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise UserError(f"{path} has no config.json; is it a checkpoint directory?")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {config_file}: {e}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{config_file} does not hold a JSON object")
+    return config
+
+
+def family_of(config: dict, path: Path):
+    """(the family's config built from config.json, its model class); one-line errors for an unknown
+    family, a malformed config or options beyond our code."""
+    from ..models import FAMILIES, NOT_YET
+
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        known = ", ".join(FAMILIES)
+        what = f"{NOT_YET[model_type]} is not supported yet: " if model_type in NOT_YET else "unsupported "
+        raise UserError(f"{what}model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
+    families = FAMILIES[model_type]
+    declared = config.get("architectures") or list(families[0][2])
+    found = [(c, m) for c, m, architectures in families if set(declared) & set(architectures)]
+    if not found:
+        supported = ", ".join(a for _, _, architectures in families for a in architectures)
+        raise UserError(f"unsupported architecture {declared} for model_type {model_type!r} (supported: {supported})")
+    built = found[0][0].from_dict(config)
+    if problems := getattr(built, "malformed", list)():       # the MoE families check their keys
+        raise UserError(f"malformed {path / 'config.json'}: {'; '.join(problems)}")
+    if problems := built.unsupported():
+        raise UserError(f"{path.name}: architecture options not supported yet: {', '.join(problems)}")
+    return built, found[0][1]
+
+
+def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none",
+         pack_weights: bool = True) -> LoadedModel:
+    """`pack_weights=False` keeps plain weight layouts on CPU (the packed ones give identical
+    results; tests compare the two)."""
+    start = time.perf_counter()
+    for key, value in {"dtype": dtype, "device": device, "quantize": quantize}.items():
+        if problem := placement_error(key, value):
+            raise UsageError(problem)
+    path = Path(path).expanduser()
+    raw = read_config(path)
+    config, model_cls = family_of(raw, path)
+    _check_weights(path)
+    tokenizer = load_tokenizer(path)
+    torch_dtype, device_map = torch_placement(dtype, device)
+    # our modules compute attention themselves: a config's attn_implementation (SDAR's published
+    # configs name flex_attention) is not transformers' business here
+    kwargs = {"dtype": torch_dtype, "device_map": device_map, "attn_implementation": "eager"}
+    if quantize != "none":
+        kwargs["quantization_config"] = quantization_config(quantize, torch_dtype)
+    from safetensors import SafetensorError
+
+    try:
+        model, report = model_cls.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
+        model_cls.check_loaded(report)
+        model.eval().prepare_for_inference(pack=pack_weights)
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
+        raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
+    specials = special_tokens(raw, tokenizer, path, model_cls)
+    loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
+                         torch_dtype, quantize, time.perf_counter() - start)
+    loaded.info = describe(loaded)
+    return loaded
+
+
+def _check_weights(path: Path) -> None:
+    if (path / "model.safetensors").is_file():
+        return
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        raise UserError(f"{path} has no model.safetensors or model.safetensors.index.json")
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise UserError(f"malformed {index}: {e}") from None
+    missing = sorted(s for s in shards if not (path / s).is_file())
+    if missing:
+        raise UserError(f"{path} is missing weight shards: {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else ""))
+
+
+def load_tokenizer(path: Path):
+    """LLaDA ships tokenizer.json; Dream ships the slow Qwen2 files (vocab.json + merges.txt)."""
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    quiet_transformers()
+    try:
+        if (path / "tokenizer.json").is_file():
+            return PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
+        if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            return Qwen2Tokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as e:
+        raise UserError(f"cannot read the tokenizer in {path}: {str(e).splitlines()[0]}") from None
+    raise UserError(f"{path} has no tokenizer files (tokenizer.json, or vocab.json + merges.txt)")
+
+
+def quiet_transformers() -> None:
+    """No "Loading weights" progress bars or "tokenizer class DreamTokenizer differs" notes on a
+    user's terminal: our errors say what went wrong."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def mask_from_tokenizer(tokenizer, spellings: tuple[str, ...]) -> int | None:
+    """The tokenizer's mask_token, else the first of the family's spellings it knows."""
+    vocab = tokenizer.get_vocab()
+    for token in (getattr(tokenizer, "mask_token", None), *spellings):
+        if token is not None and token in vocab:
+            return vocab[token]
+    return None
+
+
+def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> SpecialTokens:
+    """Mask: config's mask_token_id, else the tokenizer's, else the family's `mask_fallback` (the authors' code)."""
+    mask = config.get("mask_token_id")
+    if not isinstance(mask, int):
+        mask = mask_from_tokenizer(tokenizer, getattr(model_cls, "mask_tokens", ()))
+    fallback = getattr(model_cls, "mask_fallback", None)
+    if not isinstance(mask, int) and isinstance(fallback, int) and fallback < config.get("vocab_size", 0):
+        mask = fallback
+    if not isinstance(mask, int):
+        raise UserError(f"{path / 'config.json'} has no mask_token_id and the tokenizer no mask token")
+    eos = _ids(config.get("eos_token_id")) or _ids(tokenizer.eos_token_id)
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        try:
+            eos += _ids(json.loads(gen_file.read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    eot = end_of_turn(tokenizer)
+    stops = tuple(dict.fromkeys(eos + ([eot] if eot is not None else [])))
+    if not stops:
+        raise UserError(f"{path} declares no eos_token_id")
+    pad = config.get("pad_token_id")
+    pad = pad if isinstance(pad, int) else (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0])
+    if pad == mask:
+        raise UserError(f"{path}: pad_token_id equals mask_token_id ({mask})")
+    return SpecialTokens(mask=mask, pad=pad, stops=stops, eot=eot)
+
+
+def end_of_turn(tokenizer) -> int | None:
+    """The special token the chat template puts right after an assistant message, if any."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}], tokenize=False)
+    except Exception:  # a template that rejects this conversation: no end-of-turn known
+        return None
+    rest = text[text.find(_PROBE) + len(_PROBE):] if _PROBE in text else ""
+    ids = tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    return ids[0] if ids and ids[0] in special else None
+
+
+def _ids(value) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int)]
+    return []
+
+
+def describe(loaded: LoadedModel) -> dict:
+    model = loaded.model
+    params = sum(p.numel() for p in model.parameters())
+    return {"path": str(loaded.path), "family": loaded.family, "attention": str(model.attention), "parameters": params,
+            "dtype": str(loaded.dtype).replace("torch.", ""), "quantize": loaded.quantize,
+            "device": str(loaded.device), "context_length": loaded.context_length,
+            "mask_id": loaded.specials.mask, "stop_ids": list(loaded.specials.stops),
+            "chat_template": loaded.has_chat_template,
+            "weights_bytes": model.get_memory_footprint(), "load_seconds": round(loaded.load_seconds, 4),
+            **cpu_details(loaded), **({"portable_4bit_layers": n} if (n := getattr(model, "portable_4bit_layers", 0)) else {})}
+
+
+def cpu_details(loaded: LoadedModel) -> dict:
+    """On CPU: the ISA torch dispatches to, and for bf16 whether it runs natively or emulated."""
+    from ..models import cpu
+
+    if loaded.device.type != "cpu":
+        return {}
+    details = {"cpu_capability": cpu.capability()}
+    if loaded.dtype == torch.bfloat16:
+        details["bf16"] = "native" if cpu.bf16_native() else "emulated"
+    return details

@@ -1,0 +1,54 @@
+"""Where and how a model is placed: --dtype, --device, --quantize (not decoding settings: they
+choose what is loaded, before any profile). Torch is imported only where a placement is made, so
+that flags are checked without it."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from ..errors import UserError
+
+PLACEMENT_CHOICES = {"dtype": ("auto", "bf16", "fp16", "fp32", "fp64"),
+                     "device": ("auto", "cpu", "cuda", "cuda:N", "mps"),
+                     "quantize": ("none", "8bit", "4bit")}
+
+
+def placement_error(key: str, value: str) -> str | None:
+    """Why `value` is not a valid --dtype / --device / --quantize, or None when it is."""
+    choices = PLACEMENT_CHOICES[key]
+    if value in choices or (key == "device" and re.fullmatch(r"cuda:\d+", value)):
+        return None
+    return f"unknown {key} {value!r} (expected one of {', '.join(choices)})"
+
+
+def torch_placement(dtype: str, device: str):
+    """--dtype / --device -> (torch dtype, accelerate device_map)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device_map = "auto" if cuda else {"": "cpu"}   # "auto": accelerate spreads over GPUs, offloads to CPU
+    elif device.startswith("cuda") and not cuda:
+        raise UserError(f"--device {device}: no CUDA device is available (torch {torch.__version__})")
+    else:
+        device_map = {"": device}
+    on_gpu = device_map == "auto" or not str(device_map[""]).startswith("cpu")
+    if dtype == "auto":
+        return (torch.bfloat16 if on_gpu else torch.float32), device_map
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[dtype], device_map
+
+
+def quantization_config(quantize: str, compute_dtype):
+    """--quantize 8bit / 4bit -> transformers' BitsAndBytesConfig (nf4, computing in the model dtype)."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise UserError(f"--quantize {quantize} needs bitsandbytes: pip install 'fastdllm[quant]'") from None
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "8bit":
+        # bitsandbytes logs on every 8-bit matmul that it computes in fp16: said once, here
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")

@@ -1,0 +1,55 @@
+"""Cache modes: one table, beside CanvasCache (models/kv_cache.py). A mode is the canvas span a step
+recomputes and whether the per-layer K/V buffers are kept; the engine asks `span_for` and never
+names a mode. DecodeConfig's choices, the CLI help and bench labels are read from this table.
+Torch-free, like rules.py.
+
+Under bidirectional attention (LLaDA, Dream) the first step of each block (and every
+`refresh_every` steps) recomputes the whole canvas; the cache is exact then and approximate at the
+other steps of the block:
+
+    mode     refresh step     other steps
+    none     [0, T)           [0, T)
+    prefix   [0, T)           [block_start, T)
+    dual     [0, T)           [block_start, block_end)
+
+Under block-causal attention (SDAR, Fast-dLLM v2) finished blocks are final and never recomputed;
+prefix recomputes the block, dual only the current sub-block once its first token is committed
+(approximate inside the block, like DualCache), none everything up to the block's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class CacheMode:
+    name: str
+    keeps_kv: bool
+    recompute: Callable[[int, int, int], tuple[int, int]]   # bidirectional: (block start, end, T) -> span
+    causal: Callable[[int, int, tuple | None], tuple[int, int]]   # block-causal: (start, end, sub-block) -> span
+    help: str
+
+
+CACHE_MODES: dict[str, CacheMode] = {m.name: m for m in [
+    CacheMode("dual", True, lambda s, e, T: (s, e), lambda s, e, sub: sub or (s, e),
+              "DualCache: prompt and masked suffix reused, only the block recomputed; block-causal: "
+              "only the current sub-block, the rest of the block reused (Fast-dLLM v2's block cache)"),
+    CacheMode("prefix", True, lambda s, e, T: (s, T), lambda s, e, sub: (s, e),
+              "PrefixCache: prompt and finished blocks reused, the rest recomputed (exact when block-causal)"),
+    CacheMode("none", False, lambda s, e, T: (0, T), lambda s, e, sub: (0, e),
+              "no cache: every step runs the whole canvas (block-causal: everything up to the block's end)"),
+]}
+
+
+def span_for(cfg, step: int, s: int, e: int, T: int, *, causal: bool = False,
+             sub: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The canvas span step `step` of the block [s, e) recomputes, for a canvas of T slots.
+    Block-causal: never a finished block (their K/V are final); `sub` is the current sub-block
+    when its forward may reuse the rest of the block (not at a block's first step)."""
+    mode = CACHE_MODES[cfg.cache]
+    if causal:
+        return mode.causal(s, e, sub if step > 0 else None)
+    refresh = step == 0 or not mode.keeps_kv or bool(cfg.refresh_every and step % cfg.refresh_every == 0)
+    return (0, T) if refresh else mode.recompute(s, e, T)

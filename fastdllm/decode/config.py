@@ -1,0 +1,153 @@
+"""Decoding settings: one dataclass that validates itself, built from dicts (profiles, flags, env)."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from ..errors import UsageError
+from .cache_modes import CACHE_MODES
+from .rules import RULES
+
+
+class ConfigError(UsageError, ValueError):
+    """A user-facing configuration mistake; the message is one line and names the key."""
+
+
+def _choice(*options: str, help: str) -> Any:
+    return field(default=options[0], metadata={"choices": options, "help": help})
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    gen_len: int = field(default=256, metadata={"min": 1, "help": "tokens to generate (canvas length)"})
+    block_len: int = field(default=32, metadata={"min": 1, "help": "tokens per block; gen_len must be a multiple"})
+    sub_block_len: int | None = field(default=None, metadata={"min": 1, "help": "decode each block in sub-blocks of this many tokens, left to right (Fast-dLLM v2)"})
+    cache: str = _choice(*CACHE_MODES, help="KV cache mode")
+    rule: str = _choice(*RULES, help="commit rule (how many tokens per step)")
+    threshold: float = field(default=0.9, metadata={"gt": 0.0, "max": 1.0, "help": "threshold rule: commit if confidence >= this"})
+    factor: float = field(default=1.0, metadata={"gt": 0.0, "help": "factor rule: largest n with (n+1)(1-c_n) < factor"})
+    entropy_budget: float = field(default=0.35, metadata={"gt": 0.0, "help": "entropy_bounded rule: total entropy (nats) committed per step"})
+    steps: int | None = field(default=None, metadata={"min": 1, "help": "fixed rule: total steps (default gen_len: one token per step)"})
+    confidence: str = _choice("prob", "margin", "neg_entropy", "random", help="confidence measure")
+    temperature: float = field(default=0.0, metadata={"min": 0.0, "help": "0 = greedy; > 0 samples (Gumbel-max)"})
+    seed: int = field(default=0, metadata={"min": 0, "help": "random seed for sampling"})
+    refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
+    early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f, getattr(self, f.name))
+        if self.gen_len % self.block_len:
+            raise ConfigError(f"gen_len {self.gen_len} is not a multiple of block_len {self.block_len}")
+        if self.sub_block_len is not None and self.block_len % self.sub_block_len:
+            raise ConfigError(f"block_len {self.block_len} is not a multiple of sub_block_len {self.sub_block_len}")
+        rule = RULES[self.rule]
+        if rule.scheduled and self.total_steps % self.num_blocks:
+            raise ConfigError(
+                f"steps {self.total_steps} is not divisible by the number of blocks {self.num_blocks} "
+                f"(gen_len {self.gen_len} / block_len {self.block_len})")
+        if rule.scheduled and self.total_steps > self.gen_len:
+            raise ConfigError(f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
+        if rule.measure and self.confidence != rule.measure:
+            raise ConfigError(f"the {self.rule} rule needs confidence {rule.measure} (got '{self.confidence}')")
+        if rule.needs_probability and self.confidence not in ("prob", "margin"):
+            raise ConfigError(f"confidence '{self.confidence}' is not a probability; the {self.rule} rule needs prob or margin")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_len // self.block_len
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps is not None else self.gen_len
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.total_steps // self.num_blocks
+
+    @classmethod
+    def parse(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Check keys and each value on its own (type, choices, range); strings are converted.
+        Cross-field rules (gen_len vs block_len, ...) are checked when a config is built."""
+        known = {f.name: f for f in fields(cls)}
+        parsed = {}
+        for key, raw in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                hint = difflib.get_close_matches(name, known, n=1)
+                raise ConfigError(f"unknown key '{key}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+            parsed[name] = parse_value(known[name], raw)
+            _check_field(known[name], parsed[name])
+        return parsed
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], base: "DecodeConfig | None" = None) -> "DecodeConfig":
+        """Apply `values` (keys = field names, values may be strings) over `base`; unknown keys are errors."""
+        return replace(base or cls(), **cls.parse(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_NONE = {"", "none", "null", "off"}
+
+
+def type_of(f) -> tuple[str, bool]:
+    """('int' | 'float' | 'bool' | 'str', optional?) from the annotation string."""
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    return kind.replace(" | None", ""), "None" in kind
+
+
+def parse_value(f, raw: Any) -> Any:
+    """Coerce `raw` (YAML value or string from a flag / env / REPL) to the field's type."""
+    base, optional = type_of(f)
+    if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in _NONE):
+        if optional:
+            return None
+        raise ConfigError(f"{f.name}: a value is required")
+    try:
+        if base == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise ValueError
+        if base == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(str(raw).strip()) if isinstance(raw, str) else int(raw)
+        if base == "float":
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)          # nan / inf are refused by _check_field
+        return str(raw).strip()
+    except (TypeError, ValueError):
+        raise ConfigError(f"{f.name}: expected {base}, got {raw!r}") from None
+
+
+def _check_field(f, value: Any) -> None:
+    meta = f.metadata
+    if value is None:
+        return
+    base, _ = type_of(f)
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "bool": isinstance(value, bool), "str": isinstance(value, str)}[base]
+    if not ok:
+        raise ConfigError(f"{f.name}: expected {base}, got {value!r}")
+    if base == "float" and not math.isfinite(value):
+        raise ConfigError(f"{f.name}: expected a finite number, got {value!r}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{f.name}: '{value}' is not one of {', '.join(meta['choices'])}")
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
+    if "gt" in meta and value <= meta["gt"]:
+        raise ConfigError(f"{f.name}: {value} must be greater than {meta['gt']}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")

@@ -1,0 +1,236 @@
+"""The block loop: the only place that iterates over blocks and steps.
+
+`generate` is a generator of typed events (StepEvent per forward, BlockEvent per finished block)
+ending with a Result. It knows nothing about terminals; the CLI view, chat and bench consume it.
+
+Per step the span to recompute is the cache mode's choice (cache_modes.py).
+
+Logits are asked for only at the block's still-masked positions (on a GPU, where CUDA graphs
+need static shapes, at every position of the block; see graphs.py). The engine keeps a host copy of
+the canvas, so the candidates are known without asking the device; each step does exactly one
+device-to-host transfer (the step's tokens, confidences and decisions).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from .cache_modes import CACHE_MODES, span_for
+from .canvas import answer_ended, generated, plan, plan_infill
+from .config import DecodeConfig
+from .decoder import Decoder
+from .events import BlockEvent, Event, Result, StepEvent
+from .graphs import SpanForward
+from .selection import fixed_schedule, predict, select
+
+
+def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
+             gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None) -> Iterator[Event]:
+    """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`; `gen_lens`: each
+    row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row).
+    Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded."""
+    batch = Batch(decoder, prompts, cfg, gen_lens, holes)
+    yield from batch.events()
+    yield batch.result()
+
+
+class Batch:
+    """One batch's decoding state: the canvas (host copy and device copy), the cache, the counters.
+    `events()` runs the block loop; a consumer may stop iterating at any BlockEvent (the server
+    does, to let rows leave and join: the rows' prompts plus `generated()` so far, with the rest
+    of their lengths, plan the next batch)."""
+
+    def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
+                 gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None):
+        model, specials = decoder.model, decoder.specials
+        self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
+        self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
+        self.causal = model.attention.kind == "block-causal"
+        if holes is not None:
+            if len(prompts) != 1 or gen_lens is not None:
+                raise ValueError("infilling decodes one template row at a time")
+            self.canvas = infill_canvas(decoder, prompts[0], holes, cfg)
+        else:
+            self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
+                               context_length=decoder.context_length, gen_lens=self.gen_lens)
+        device = decoder.device
+        _reset_peak_memory(device)
+        self.started = time.perf_counter()
+        self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len if self.causal else None,
+                                     keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv)
+        self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
+        self.nfe = self.committed = self.blocks_done = 0
+        self.first_step: float | None = None
+
+    def generated(self) -> torch.Tensor:
+        """(B, width): each row's generated region so far, from its first generated position."""
+        return generated(self.canvas, self.decoder.specials.mask)
+
+    def events(self) -> Iterator[StepEvent | BlockEvent]:
+        cfg, canvas, specials = self.cfg, self.canvas, self.decoder.specials
+        host, B, T, causal = canvas.host, len(self.prompts), canvas.length, self.causal
+        device = self.decoder.device
+        banned = torch.tensor([specials.mask], device=device)
+        stops = torch.tensor(specials.stops)
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        starts = torch.tensor(canvas.starts)[:, None]
+        rel = lambda positions: positions - starts                       # noqa: E731  generation-relative
+        ended = lambda: answer_ended(canvas, stops, specials.mask)        # noqa: E731  (B,) bool
+
+        def store(s: int, e: int, block: int) -> StepEvent:
+            """A block-causal store pass over the finished span [s, e), as a step (step -1) of `block`."""
+            with torch.inference_mode():
+                at, tokens, chosen = _complete_block(self.forward, self.decoder.model, host, s, e, specials.mask)
+            self.nfe, self.committed = self.nfe + 1, self.committed + int(chosen.sum())
+            return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
+
+        stopped = False
+        if canvas.prefill:                                              # the blocks before the first decoded one
+            yield store(0, canvas.prefill, 0)
+        for block, (s, e) in enumerate(canvas.blocks):
+            if causal and cfg.early_stop and bool(ended().all()):
+                break                                                   # a store pass committed the stop
+            counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
+            schedule = fixed_schedule(counted, cfg.steps_per_block)
+            step = 0
+            while bool((block_masked := host[:, s:e] == specials.mask).any()):
+                candidates, sub = sub_block(block_masked, cfg.sub_block_len, s, host, specials.mask)
+                span = span_for(cfg, step, s, e, T, causal=causal, sub=sub)
+                scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
+                with torch.inference_mode():
+                    positions, tokens, conf, chosen = _decode_step(
+                        self.forward, span, candidates, s, scheduled, cfg, banned, generator)
+                host.scatter_(1, positions, torch.where(chosen, tokens, host.gather(1, positions)))
+                self.nfe += 1
+                self.committed += int(chosen.sum())
+                if self.first_step is None:
+                    self.first_step = time.perf_counter() - self.started
+                yield StepEvent(block, step, self.nfe, span, rel(positions), tokens, conf, chosen)
+                step += 1
+                if causal and cfg.early_stop and bool(ended().all()):
+                    stopped = True                                      # nothing before the stops can change
+                    break
+            self.blocks_done += 1
+            done = ended()                                              # (B,) the answer ended here or before
+            first = max(s, canvas.starts[0])                            # row 0's generated part of the block
+            yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), done)
+            if stopped or (cfg.early_stop and bool(done.all())) or block == len(canvas.blocks) - 1:
+                break
+            if causal:                                                  # store the finished block's K/V
+                yield store(s, e, block + 1)
+
+    def result(self) -> Result:
+        specials, canvas = self.decoder.specials, self.canvas
+        total = time.perf_counter() - self.started
+        region = self.generated()
+        stops = torch.tensor(specials.stops)
+        if canvas.holes:                    # infilling: each hole up to its end token, joined
+            fills = [canvas.host[0, s:e] for s, e in canvas.holes]
+            holes = [[f.tolist() for f in fills]]
+            answers = [[t for f in fills for t in answer_ids(f, stops, specials.mask)]]
+        else:
+            holes = None
+            answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
+        in_holes = sum(e - s for s, e in canvas.holes or ())      # infilling: the row's masks are no prompt
+        peak, kind = _peak_memory(self.decoder.device)
+        return Result(
+            ids=answers, texts=[self.decoder.detokenize(a) for a in answers],
+            canvas=region, prompt_tokens=[len(p) - in_holes for p in self.prompts], nfe=self.nfe, committed=self.committed,
+            blocks_decoded=self.blocks_done, early_stopped=self.blocks_done < len(canvas.blocks),
+            seconds_first_step=self.first_step or 0.0, seconds_total=total,
+            peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=self.cache.nbytes, config=self.cfg,
+            batch=len(self.prompts), holes=holes)
+
+
+def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]], cfg: DecodeConfig):
+    """The canvas of one template row (canvas.plan_infill), with this model's refusals."""
+    model = decoder.model
+    return plan_infill(row, holes, cfg, mask=decoder.specials.mask, context_length=decoder.context_length,
+                       causal=model.attention.kind == "block-causal", shifted=bool(model.logit_shift), name=decoder.name)
+
+
+def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
+        on_event: Callable[[StepEvent | BlockEvent], None] | None = None,
+        holes: list[tuple[int, int]] | None = None) -> Result:
+    """Drain `generate`, passing step and block events to `on_event`; return the Result."""
+    for event in generate(decoder, prompts, cfg, holes=holes):
+        if isinstance(event, Result):
+            return event
+        if on_event is not None:
+            on_event(event)
+    raise RuntimeError("generate ended without a result")
+
+
+def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator):
+    """One forward and one decision. block_masked (B, L): the active block's candidate positions."""
+    canvas = forward.canvas
+    device = canvas.device
+    K = block_masked.shape[1] if forward.full_block else int(block_masked.sum(1).max())
+    # Candidate slots: each row's masked positions first, then committed ones as filler, so the
+    # K indices of a row are distinct and the scatter below is deterministic.
+    order = torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :K]     # (B, K)
+    candidate = block_masked.gather(1, order)
+    positions = order + s
+    pos_dev = positions.to(device, non_blocking=True)
+    logits = forward(span, pos_dev).to(device)                                      # (B, K, V)
+    tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
+                           banned=banned, generator=generator)
+    chosen = select(conf, candidate.to(device), cfg, scheduled.to(device))
+    canvas.scatter_(1, pos_dev, torch.where(chosen, tokens, canvas.gather(1, pos_dev)))
+    packed = torch.stack([tokens.to(conf.dtype), conf, chosen.to(conf.dtype)]).cpu()   # the one sync
+    return positions, packed[0].long(), packed[1], packed[2].bool()
+
+
+def _complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: int, mask: int):
+    """Block-causal: run the finished span [s, e) once more so that its keys/values are stored as
+    final. A shifted family (Fast-dLLM v2) also reads the next block's first token from it, greedily
+    (never the mask id), where that position is still masked. Returns positions, tokens (B, 1) and
+    committed (B, 1) bool."""
+    B, T = host.shape
+    wanted = bool(model.logit_shift) and e < T
+    at = torch.full((B, 1), e if wanted else e - 1)                 # logits: the next block's first slot
+    logits = forward((s, e), at.to(forward.canvas.device))
+    tokens = logits.index_fill(-1, torch.tensor([mask], device=logits.device), float("-inf")).argmax(-1).cpu()
+    chosen = (host.gather(1, at) == mask) & wanted                  # (B, 1)
+    host.scatter_(1, at, torch.where(chosen, tokens, host.gather(1, at)))
+    device = forward.canvas.device
+    forward.canvas.scatter_(1, at.to(device), host.gather(1, at).to(device))
+    return at, tokens, chosen
+
+
+def sub_block(block_masked: torch.Tensor, sub_len: int | None, s: int, host: torch.Tensor, mask: int):
+    """Candidates restricted to each row's first sub-block that still has masks (Fast-dLLM v2), and
+    the span of that sub-block when every row is in the same one and its first token is committed
+    (then its forward can reuse the rest of the block, the DualCache of sub-blocks); else None."""
+    B, L = block_masked.shape
+    if sub_len is None or sub_len >= L:
+        return block_masked, None
+    grouped = block_masked.view(B, L // sub_len, sub_len)
+    current = grouped.any(-1).float().argmax(-1)                                   # (B,) first with a mask
+    keep = torch.arange(L // sub_len)[None, :] == current[:, None]
+    candidates = (grouped & keep[..., None]).view(B, L)
+    a = s + int(current[0]) * sub_len
+    same = bool((current == current[0]).all()) and bool((host[:, a] != mask).all())
+    return candidates, (a, a + sub_len) if same else None
+
+
+def answer_ids(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
+    """Tokens before the first end token (or before the first undecoded position)."""
+    end = torch.isin(row, stops) | (row == mask)
+    cut = int(end.nonzero()[0]) if bool(end.any()) else row.numel()
+    return row[:cut].tolist()
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"

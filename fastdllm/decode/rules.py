@@ -1,0 +1,118 @@
+"""Commit rules: one table. A rule answers, per row and step, how many of the candidate positions
+to commit; the committed ones are always the most confident (selection.select). DecodeConfig's
+choices, the CLI help, bench labels and the live view's header are all read from this table, so a
+new rule is one entry here.
+
+Torch-free on purpose (profiles and `--help` must not import torch): the count functions use
+tensor methods only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    param: str | None                     # the DecodeConfig field that tunes it (None: nothing)
+    count: Callable                       # (sorted_conf (B, K) desc, cfg, scheduled (B,)) -> n (B,)
+    value: Callable[[Any], Any]           # cfg -> the parameter's effective value
+    label: Callable[[Any, int], str]      # (value, gen_len) -> header text, e.g. "threshold 0.9"
+    short: Callable[[Any, int], str]      # (value, gen_len) -> table cell, e.g. "t=0.9"
+    help: str
+    scheduled: bool = False               # follows the fixed per-step schedule (steps per block)
+    needs_probability: bool = False       # compares confidences with probabilities
+    by_position: bool = False             # commits the leftmost candidates, not the most confident
+    measure: str | None = None            # the confidence measure it needs, if one
+
+
+def _threshold(sorted_conf, cfg, scheduled):
+    return (sorted_conf >= cfg.threshold).sum(-1)
+
+
+def _factor(sorted_conf, cfg, scheduled):
+    rank = sorted_conf.new_ones(sorted_conf.shape[-1]).cumsum(0)    # 1, 2, ..., K
+    ok = (rank + 1) * (1 - sorted_conf) < cfg.factor                # monotone in rank: a prefix
+    return ok.long().cumprod(-1).sum(-1)
+
+
+def _fixed(sorted_conf, cfg, scheduled):
+    return scheduled
+
+
+def _dynamic(sorted_conf, cfg, scheduled):
+    return (sorted_conf > cfg.threshold).sum(-1).maximum(scheduled)
+
+
+def _dinfer(sorted_conf, cfg, scheduled):
+    # inclusive threshold; when none reaches it, the best one and every candidate within 1e-5 of it
+    bar = (sorted_conf[:, :1] - 1e-5).clamp_max(cfg.threshold)
+    return (sorted_conf >= bar).sum(-1)
+
+
+def _entropy_bounded(sorted_conf, cfg, scheduled):
+    # confidences are neg_entropy (sum p log p), best first: the longest prefix whose entropies add up
+    # to less than the budget (non-candidates at -inf add +inf and are never counted)
+    return ((-sorted_conf).cumsum(-1) < cfg.entropy_budget).sum(-1)
+
+
+def _steps_text(steps: int, gen_len: int) -> str:
+    return "1/step" if steps == gen_len else f"{steps} steps"
+
+
+RULES: dict[str, Rule] = {r.name: r for r in [
+    Rule("threshold", "threshold", _threshold, lambda cfg: cfg.threshold,
+         lambda v, n: f"threshold {v:g}", lambda v, n: f"t={v:g}",
+         "commit every candidate with confidence >= threshold (at least the best one)",
+         needs_probability=True),
+    Rule("factor", "factor", _factor, lambda cfg: cfg.factor,
+         lambda v, n: f"factor {v:g}", lambda v, n: f"f={v:g}",
+         "commit the largest n with (n+1)(1 - c_n) < factor (the paper's Theorem 1)",
+         needs_probability=True),
+    Rule("fixed", "steps", _fixed, lambda cfg: cfg.total_steps,
+         lambda v, n: f"fixed {v} steps", _steps_text,
+         "LLaDA's schedule: steps spread evenly over the blocks (default gen_len: one token per step)",
+         scheduled=True),
+    Rule("dynamic", "threshold", _dynamic, lambda cfg: cfg.threshold,
+         lambda v, n: f"dynamic {v:g}", lambda v, n: f"d={v:g}",
+         "every candidate with confidence > threshold (strictly), at least the step's share of the "
+         "schedule (SDAR's low_confidence_dynamic; Fast-dLLM v2's rule with one token per step)",
+         scheduled=True, needs_probability=True),
+    Rule("dinfer", "threshold", _dinfer, lambda cfg: cfg.threshold,
+         lambda v, n: f"dinfer threshold {v:g}", lambda v, n: f"t>={v:g}",
+         "dInfer's threshold decoder: every candidate with confidence >= min(threshold, best - 1e-5), "
+         "no per-step quota (docs/llada2-moe.md 6.3)",
+         needs_probability=True),
+    Rule("sequential", "steps", _fixed, lambda cfg: cfg.total_steps,
+         lambda v, n: f"sequential {v} steps", _steps_text,
+         "the step's share of the schedule, leftmost candidates first (SDAR's sequential)",
+         scheduled=True, by_position=True),
+    Rule("entropy_bounded", "entropy_budget", _entropy_bounded, lambda cfg: cfg.entropy_budget,
+         lambda v, n: f"entropy-bounded {v:g}", lambda v, n: f"H<{v:g}",
+         "the lowest-entropy candidates whose entropies add up to less than entropy_budget, at least "
+         "one (SDAR's entropy_bounded as intended; the published code raises before its first step)",
+         measure="neg_entropy"),
+]}
+
+
+def describe(cfg) -> str:
+    """The rule of `cfg` with its parameter, for headers: 'threshold 0.9'."""
+    rule = RULES[cfg.rule]
+    return rule.label(rule.value(cfg), cfg.gen_len)
+
+
+def rule_fields(cfg) -> dict:
+    """The rule and its parameter; every other rule's parameter is None (one column per parameter);
+    gen_len to read `steps` against."""
+    rule = RULES[cfg.rule]
+    params = dict.fromkeys(r.param for r in RULES.values() if r.param)
+    return {"rule": cfg.rule, **{p: rule.value(cfg) if p == rule.param else None for p in params},
+            "gen_len": cfg.gen_len}
+
+
+def rule_text(r: dict) -> str:
+    """A record's rule as a table cell (Rule.short), from rule_fields' keys: 't=0.9'."""
+    rule = RULES[r["rule"]]
+    return rule.short(r[rule.param], r["gen_len"])

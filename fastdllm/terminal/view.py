@@ -1,0 +1,249 @@
+"""Rendering the engine's event stream: the live canvas (rich), block-by-block plain streaming,
+and the stats after a run. Views read event fields; they never touch the model."""
+
+from __future__ import annotations
+
+import time
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from ..decode.engine import BlockEvent, Result, StepEvent
+from ..units import human_bytes
+
+MASK_GLYPH = "░"
+END_GLYPH = "·"      # a committed end-of-text / end-of-turn position (padding after the answer)
+
+
+def confidence_style(c: float) -> str:
+    return "bold green" if c >= 0.9 else "bold yellow" if c >= 0.7 else "bold red"
+
+
+class Pieces:
+    """Token id -> display text, cached (byte-level pieces of a multi-byte character show as '�')."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.cache = tokenizer, {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self.cache:
+            self.cache[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return self.cache[token]
+
+
+class LiveView:
+    """What both live views share: the rich Live display on stderr, redrawn at most `fps` times a
+    second (and at every block's end), the step counters and the latest commits of row 0."""
+
+    def __init__(self, console: Console, tokenizer, header: str, stops: tuple[int, ...], tokens: list[int | None],
+                 offset: int, fps: float = 10.0):
+        """tokens: what is shown, None where masked; offset: the index in `tokens` of generated
+        position 0 (events count positions from a row's first generated position)."""
+        self.console, self.pieces, self.header, self.stops = console, Pieces(tokenizer), header, set(stops)
+        self.tokens, self.offset = tokens, offset
+        self.latest: dict[int, float] = {}           # index in tokens -> confidence of the latest step
+        self.block, self.step, self.nfe, self.committed = 0, 0, 0, 0
+        self.started = time.perf_counter()
+        self.interval, self.last_draw = 1.0 / fps, 0.0
+        self.overhead = 0.0                          # seconds spent in this view
+        self.live = Live(console=console, auto_refresh=False, transient=True)
+
+    def __enter__(self):
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.live.__exit__(*exc)
+
+    def update(self, event) -> None:
+        t0 = time.perf_counter()
+        if isinstance(event, StepEvent):
+            self.block, self.step, self.nfe = event.block, event.step, event.nfe
+            chosen = event.committed[0]
+            at = (event.positions[0][chosen] + self.offset).tolist()
+            self.latest = dict(zip(at, event.confidences[0][chosen].tolist()))
+            for p, t in zip(at, event.tokens[0][chosen].tolist()):
+                self.tokens[p] = t
+            self.committed += len(at)
+        elif isinstance(event, BlockEvent):
+            self.latest = {}
+            self.block_done(event)
+            self.block = event.block + 1
+        now = time.perf_counter()
+        if isinstance(event, BlockEvent) or now - self.last_draw >= self.interval:
+            self.live.update(self.render(), refresh=True)
+            self.last_draw = time.perf_counter()
+        self.overhead += time.perf_counter() - t0
+
+    def block_done(self, event: BlockEvent) -> None:
+        pass
+
+    def render(self) -> Group:
+        raise NotImplementedError
+
+    def frame(self, body: Text, blocks: int) -> Group:
+        elapsed = time.perf_counter() - self.started
+        footer = Text(f"block {min(self.block + 1, blocks)}/{blocks} · step {self.step + 1} · NFE {self.nfe} · "
+                      f"{self.committed / max(self.nfe, 1):.2f} tok/fwd · {elapsed:.1f}s · "
+                      f"{self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
+        return Group(Text(self.header, style="bold"), body, footer)
+
+
+class LiveCanvas(LiveView):
+    """The canvas of row 0 as it is unmasked: finished text, the active block with placeholders and
+    the latest commits coloured by confidence, a one-line summary of what is still masked."""
+
+    def __init__(self, console: Console, tokenizer, header: str, gen_len: int, block_len: int,
+                 stops: tuple[int, ...], fps: float = 10.0, offset: int = 0):
+        """gen_len: positions generated; offset: how far the first block starts before them
+        (block-causal families: the prompt's tail shares the first block; canvas.geometry)."""
+        super().__init__(console, tokenizer, header, stops, [None] * gen_len, 0, fps)
+        self.gen_len, self.block_len, self.block_offset = gen_len, block_len, offset
+        self.finished = Text()                       # text of finished blocks, built once
+        self.ended = False
+
+    def block_done(self, event: BlockEvent) -> None:
+        if not self.ended:
+            for p in range(event.start, event.end):
+                t = self.tokens[p]
+                if t in self.stops:
+                    self.ended = True
+                    break
+                self.finished.append(self.pieces(t))
+
+    def render(self) -> Group:
+        max_lines = max(4, self.console.height - 5)
+        body = self.finished
+        if body.plain.count("\n") > max_lines:         # show the tail that fits the terminal
+            cut = len(body.plain)
+            for _ in range(max_lines):
+                cut = body.plain.rfind("\n", 0, cut)
+            body = body[cut + 1:]
+        body = body.copy()
+        start = self.block * self.block_len - self.block_offset
+        if start + self.block_len > 0 and start < self.gen_len and not self.ended:
+            for p in range(max(start, 0), min(start + self.block_len, self.gen_len)):
+                t = self.tokens[p]
+                if t is None:
+                    body.append(MASK_GLYPH, style="dim on grey15")
+                elif t in self.stops:
+                    body.append(END_GLYPH, style="dim")
+                else:
+                    body.append(self.pieces(t), style=confidence_style(self.latest[p]) if p in self.latest else "on grey15")
+            rest = self.gen_len - start - self.block_len
+            if rest > 0:
+                body.append(f" ··· {rest} masked", style="dim")
+        return self.frame(body, -(-(self.gen_len + self.block_offset) // self.block_len))
+
+
+class InfillCanvas(LiveView):
+    """The live view of a template being filled: its text dim, the holes' masks as placeholders,
+    fills as they are committed (the latest coloured by confidence); the lines around the active
+    block when the whole does not fit the terminal."""
+
+    def __init__(self, console: Console, tokenizer, header: str, ids: list[int], holes: list[tuple[int, int]],
+                 block_len: int, stops: tuple[int, ...], fps: float = 10.0):
+        self.hole_at = {p for s, e in holes for p in range(s, e)}
+        super().__init__(console, tokenizer, header, stops, [None if p in self.hole_at else t for p, t in enumerate(ids)],
+                         holes[0][0], fps)
+        self.masked = sorted(self.hole_at)           # block b: masked[b * block_len:(b + 1) * block_len]
+        self.block_len = block_len
+
+    def render(self) -> Group:
+        body, focus = Text(), 0
+        active = self.masked[min(self.block * self.block_len, len(self.masked) - 1)]
+        for p, t in enumerate(self.tokens):
+            if p == active:
+                focus = len(body.plain)
+            if p not in self.hole_at:
+                body.append(self.pieces(t), style="dim")
+            elif t is None:
+                body.append(MASK_GLYPH, style="dim on grey15")
+            elif t in self.stops:
+                body.append(END_GLYPH, style="dim")
+            else:
+                body.append(self.pieces(t), style=confidence_style(self.latest[p]) if p in self.latest else "")
+        lines = body.split("\n")
+        fit = max(4, self.console.height - 5)
+        if len(lines) > fit:                           # the lines around the active block
+            line = body.plain.count("\n", 0, focus)
+            first = max(0, min(line - fit // 3, len(lines) - fit))
+            body = Text("\n").join(lines[first:first + fit])
+        return self.frame(body, -(-len(self.masked) // self.block_len))
+
+
+class BlockStreamer:
+    """Writes the answer to `out` block by block, as blocks finish (for pipes)."""
+
+    def __init__(self, out: TextIO, tokenizer, stops: tuple[int, ...]):
+        self.out, self.tokenizer, self.stops = out, tokenizer, set(stops)
+        self.ids: list[int] = []
+        self.written = ""
+        self.ended = False
+
+    def update(self, event) -> None:
+        if not isinstance(event, BlockEvent) or self.ended:
+            return
+        for t in event.tokens[0].tolist():
+            if t in self.stops:
+                self.ended = True
+                break
+            self.ids.append(t)
+        self._write(final=self.ended)
+
+    def finish(self, result: Result) -> None:
+        self.ids = result.ids[0]
+        self._write(final=True)
+        self.out.write("\n")
+        self.out.flush()
+
+    def _write(self, final: bool) -> None:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not final:
+            text = text.rstrip("\ufffd")              # an incomplete UTF-8 character: wait for the rest
+        if text.startswith(self.written):
+            self.out.write(text[len(self.written):])
+            self.written = text
+            self.out.flush()
+
+
+def stats_line(result: Result) -> str:
+    return (f"{result.generated_tokens} tokens · {result.nfe} forwards · {result.tokens_per_forward:.2f} tok/forward · "
+            f"{result.tokens_per_second:.1f} tok/s · {result.seconds_total:.2f} s · "
+            f"peak {human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})")
+
+
+def _blocks(result: Result) -> int:
+    if result.holes:
+        return -(-sum(len(h) for h in result.holes[0]) // result.config.block_len)
+    return result.config.num_blocks
+
+
+def stats_block(result: Result, info: dict, view_overhead: float | None = None) -> str:
+    cfg = result.config
+    rows = [
+        ("load time", f"{info.get('load_seconds', 0.0):.2f} s"),
+        ("first step", f"{result.seconds_first_step * 1000:.0f} ms (full-canvas forward)"),
+        ("decode time", f"{result.seconds_total:.2f} s"),
+        ("prompt tokens", str(sum(result.prompt_tokens))),
+        ("generated tokens", f"{result.generated_tokens} (answer, up to its end token)"),
+        ("forwards (NFE)", f"{result.nfe}, {result.tokens_per_forward:.2f} tokens each"),
+        ("throughput", f"{result.tokens_per_second:.1f} tokens/s"),
+        ("cache", f"{cfg.cache}, {human_bytes(result.cache_bytes)}"),
+        ("blocks", f"{result.blocks_decoded} of {_blocks(result)} of {cfg.block_len} tokens"
+                   + (" (over the holes' masks)" if result.holes else "")),
+        ("early stop", "yes" if result.early_stopped else "no"),
+        ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']})" if "cpu_capability" in info else "")
+         + f" / {info.get('dtype')}" + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")
+         + (f" ({info['portable_4bit_layers']} layers on bitsandbytes' portable 4-bit kernel: shapes its bf16 CPU "
+            "kernel cannot take)" if info.get("portable_4bit_layers") else "")
+         + (" (bf16 emulated on this CPU: slow, fp32 is faster)" if info.get("bf16") == "emulated" else "")),
+        ("peak memory", f"{human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})"),
+    ]
+    if view_overhead is not None:
+        share = 100 * view_overhead / max(result.seconds_total, 1e-9)
+        rows.append(("view overhead", f"{view_overhead * 1000:.0f} ms ({share:.1f}% of decode)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k + ':':<{width + 2}}{v}" for k, v in rows)
