@@ -94,7 +94,8 @@ def test_no_import_circles():
     assert circles == []
 
 
-def test_help_and_flag_checks_never_import_torch():
+def test_help_and_flag_checks_never_import_torch(tmp_path):
     code = f"import sys; import {', '.join(TORCH_FREE)}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    # outside the checkout: there `python -c` would import its source tree, which has no fastdllm.cli
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert out.strip() == "[]"
