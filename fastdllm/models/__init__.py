@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from .base import DiffusionLM
+from .diffusion_gemma import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from .dream import DreamConfig, DreamModel
 from .fast_dllm_qwen import FastDLLMQwenConfig, FastDLLMQwenForCausalLM
 from .llada import LLaDAConfig, LLaDAModelLM
@@ -25,6 +27,8 @@ FAMILIES: dict[str, list[Family]] = {
     "sdar": [(SDARConfig, SDARForCausalLM, ("SDARForCausalLM",))],
     "llada2_moe": [(LLaDA2MoeConfig, LLaDA2MoeModelLM, _LLADA2)],
     "bailing_moe_v2": [(BailingMoeV2Config, LLaDA2MoeModelLM, _LLADA2)],
+    "diffusion_gemma": [(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
+                         ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))],
 }
 # Families people download that are not implemented yet: named in the error.
 NOT_YET = {"sdar_moe": "SDAR-30B-A3B (mixture of experts)",
@@ -33,7 +37,10 @@ NOT_YET = {"sdar_moe": "SDAR-30B-A3B (mixture of experts)",
 for _type, _families in FAMILIES.items():
     # Registering our classes makes AutoConfig/AutoModel use them instead of the `auto_map` Python
     # files that published checkpoints carry: no code from a checkpoint directory ever runs.
-    # AutoConfig knows one class per model_type: the first family's.
+    # AutoConfig knows one class per model_type: the first family's. A model_type transformers
+    # implements itself (diffusion_gemma) keeps its own classes there: we load ours directly.
+    if _type in CONFIG_MAPPING_NAMES:
+        continue
     AutoConfig.register(_type, _families[0][0], exist_ok=True)
     for _cfg, _model, _ in _families:
         if _model.config_class is _cfg:

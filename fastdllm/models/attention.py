@@ -1,5 +1,6 @@
-"""Attention kinds a family declares (as it declares its logit shift): bidirectional (LLaDA, Dream)
-or block-causal with the block size it was trained with (SDAR, Fast-dLLM v2, LLaDA2.x)."""
+"""Attention kinds a family declares (as it declares its logit shift): bidirectional (LLaDA, Dream),
+block-causal with the block size it was trained with (SDAR, Fast-dLLM v2, LLaDA2.x), or a causal
+encoder with bidirectional canvases (DiffusionGemma)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ class Attention:
     """A family's attention kind, declared like its logit shift. Under block-causal attention a
     finished block's keys/values are final (the cache is exact); under bidirectional attention
     the cache modes above are approximations refreshed at each block start."""
-    kind: str                       # "bidirectional" | "block-causal"
+    kind: str                       # "bidirectional" | "block-causal" | "causal-encoder" (DiffusionGemma:
+                                    # canvases from the prompt's end, each bidirectional against a
+                                    # causally encoded past)
     block: int | None = None        # block-causal: the block size it was trained with
 
     def __str__(self) -> str:

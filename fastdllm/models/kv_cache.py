@@ -22,18 +22,22 @@ class CanvasCache:
 
     @classmethod
     def allocate(cls, valid: torch.Tensor, *, layers: list[tuple[torch.device, torch.dtype]],
-                 kv_heads: int, head_dim: int, keep_kv: bool, block: int | None = None) -> "CanvasCache":
+                 kv_heads: int | list[int], head_dim: int | list[int], keep_kv: bool,
+                 block: int | None = None) -> "CanvasCache":
         """`valid` (B, T) marks real tokens (False = left padding). `layers` gives each layer's
-        device and dtype (accelerate may spread layers over devices). keep_kv=False gives a
-        pass-through cache: every forward must then cover the whole canvas. `block`: attention is
+        device and dtype (accelerate may spread layers over devices); `kv_heads` and `head_dim` are
+        one for all layers or one per layer (DiffusionGemma's two layer kinds). keep_kv=False gives
+        a pass-through cache: every forward must then cover the whole canvas. `block`: attention is
         block-causal with blocks of that many positions."""
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         key_mask = None if bool(valid.all()) else valid[:, None, None, :]
         keys = values = None
         if keep_kv:
-            shape = (valid.shape[0], kv_heads, valid.shape[1], head_dim)
-            keys = [torch.zeros(shape, device=d, dtype=t) for d, t in layers]
-            values = [torch.zeros(shape, device=d, dtype=t) for d, t in layers]
+            heads = kv_heads if isinstance(kv_heads, list) else [kv_heads] * len(layers)
+            dims = head_dim if isinstance(head_dim, list) else [head_dim] * len(layers)
+            shapes = [(valid.shape[0], h, valid.shape[1], d) for h, d in zip(heads, dims)]
+            keys = [torch.zeros(s, device=d, dtype=t) for (d, t), s in zip(layers, shapes)]
+            values = [torch.zeros(s, device=d, dtype=t) for (d, t), s in zip(layers, shapes)]
         return cls(positions, key_mask, keys, values, block)
 
     @property
