@@ -34,9 +34,10 @@ def inspect_checkpoint(path: Path) -> dict:
                 dtypes[piece.get_dtype()] += prod(shapes[name])
     tokenizer = load_tokenizer(path)
     specials = special_tokens(raw, tokenizer, path, model_cls)
-    # kv_heads * head_dim: the k projection's rows, or from the config where q/k/v are one matrix (LLaDA2)
-    kv_rows = next((s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")), None) \
-        or config.num_key_value_heads * config.head_dim
+    # kv_heads * head_dim summed over the layers: the k projections' rows (DiffusionGemma's layer
+    # kinds differ), or from the config where q/k/v are one matrix (LLaDA2)
+    kv_rows = sum(s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")) \
+        or config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     # the matrices bitsandbytes quantizes: the blocks' nn.Linear weights (not the MoE routers)
     in_blocks = sum(prod(s) for n, s in shapes.items()
                     if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))
@@ -48,7 +49,7 @@ def inspect_checkpoint(path: Path) -> dict:
         "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
         "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),
         "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-        "kv_bytes_per_token_bf16": 2 * config.num_hidden_layers * kv_rows * 2,
+        "kv_bytes_per_token_bf16": 2 * kv_rows * 2,
         "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
         "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
         "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
@@ -58,10 +59,12 @@ def inspect_checkpoint(path: Path) -> dict:
 def idle_expert_parameters(shapes: dict, config) -> int:
     """Mixture of experts: the routed experts' parameters a token does not use, (E - k) / E of them
     (shared experts, attention, dense layers, embedding and head are used by every token)."""
-    experts, k = getattr(config, "num_experts", None), getattr(config, "num_experts_per_tok", None)
+    experts = getattr(config, "num_experts", None)
+    k = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)
     if not experts or not k:
         return 0
-    routed = sum(prod(s) for n, s in shapes.items() if ".mlp.experts." in n)
+    # per-expert modules (`.mlp.experts.N.`), or all experts packed in 3-D tensors (DiffusionGemma)
+    routed = sum(prod(s) for n, s in shapes.items() if ".mlp.experts." in n or (".experts." in n and len(s) == 3))
     return routed * (experts - k) // experts
 
 

@@ -191,8 +191,10 @@ def mask_from_tokenizer(tokenizer, spellings: tuple[str, ...]) -> int | None:
 
 
 def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> SpecialTokens:
-    """Mask: config's mask_token_id, else the tokenizer's, else the family's `mask_fallback` (the authors' code)."""
-    mask = config.get("mask_token_id")
+    """Mask: config's mask_token_id, else the tokenizer's, else the family's `mask_fallback` (the authors' code);
+    -1 for a family whose canvas is noise, not masks (DiffusionGemma: its `<mask>` is an ordinary
+    token it may write, and -1 marks the canvas slots not decoded yet)."""
+    mask = config.get("mask_token_id") if getattr(model_cls, "uses_mask", True) else -1
     if not isinstance(mask, int):
         mask = mask_from_tokenizer(tokenizer, getattr(model_cls, "mask_tokens", ()))
     fallback = getattr(model_cls, "mask_fallback", None)

@@ -34,6 +34,12 @@ class DecodeConfig:
     confidence: str = _choice("prob", "margin", "neg_entropy", "random", help="confidence measure")
     temperature: float = field(default=0.0, metadata={"min": 0.0, "help": "0 = greedy; > 0 samples (Gumbel-max)"})
     seed: int = field(default=0, metadata={"min": 0, "help": "random seed for sampling"})
+    entropy_bound: float = field(default=0.1, metadata={"gt": 0.0, "help": "eb_sampler rule: the entropy (nats) the accepted positions ranked before each may add up to"})
+    denoise_steps: int = field(default=48, metadata={"min": 1, "help": "renoising samplers (DiffusionGemma): the most denoising steps per canvas"})
+    t_max: float = field(default=0.8, metadata={"gt": 0.0, "help": "renoising samplers: the temperature at a canvas's first step (falling linearly to t_min)"})
+    t_min: float = field(default=0.4, metadata={"min": 0.0, "help": "renoising samplers: the temperature the schedule falls towards at the last step"})
+    stability_steps: int = field(default=1, metadata={"min": 0, "help": "renoising samplers: a canvas stops once its argmax is unchanged for this many steps and its mean entropy is below confidence_stop"})
+    confidence_stop: float = field(default=0.005, metadata={"min": 0.0, "help": "renoising samplers: the mean entropy (nats) under which a stable canvas stops"})
     refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
 
@@ -53,6 +59,8 @@ class DecodeConfig:
             raise ConfigError(f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
         if rule.measure and self.confidence != rule.measure:
             raise ConfigError(f"the {self.rule} rule needs confidence {rule.measure} (got '{self.confidence}')")
+        if rule.renoise and self.t_max < self.t_min:
+            raise ConfigError(f"t_max {self.t_max} is below t_min {self.t_min} (the schedule falls from t_max to t_min)")
         if rule.needs_probability and self.confidence not in ("prob", "margin"):
             raise ConfigError(f"confidence '{self.confidence}' is not a probability; the {self.rule} rule needs prob or margin")
 

@@ -13,18 +13,27 @@ device-to-host transfer (the step's tokens, confidences and decisions).
 
 from __future__ import annotations
 
-import resource
 import time
 from typing import Callable, Iterator
 
 import torch
 
+from ..errors import UserError
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Event, Result, StepEvent
+from .events import (
+    BlockEvent,
+    Event,
+    Result,
+    StepEvent,
+    answer_ids,
+    finish_result,
+    reset_peak_memory,
+)
 from .graphs import SpanForward
+from .rules import RULES
 from .selection import fixed_schedule, predict, select
 
 
@@ -33,7 +42,14 @@ def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
     """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`; `gen_lens`: each
     row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row).
     Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded."""
-    batch = Batch(decoder, prompts, cfg, gen_lens, holes)
+    if getattr(decoder.model, "sampler", "mask") == "renoise":
+        if holes is not None:
+            raise UserError(f"{decoder.name} cannot fill holes: it resamples whole canvases after the text")
+        from .renoise import RenoiseBatch
+
+        batch = RenoiseBatch(decoder, prompts, cfg, gen_lens)
+    else:
+        batch = Batch(decoder, prompts, cfg, gen_lens, holes)
     yield from batch.events()
     yield batch.result()
 
@@ -47,6 +63,8 @@ class Batch:
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
                  gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None):
         model, specials = decoder.model, decoder.specials
+        if RULES[cfg.rule].renoise:
+            raise UserError(f"rule {cfg.rule} belongs to renoising samplers; {decoder.name} commits masked positions")
         self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
         self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
         self.causal = model.attention.kind == "block-causal"
@@ -58,7 +76,7 @@ class Batch:
             self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
                                context_length=decoder.context_length, gen_lens=self.gen_lens)
         device = decoder.device
-        _reset_peak_memory(device)
+        reset_peak_memory(device)
         self.started = time.perf_counter()
         self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len if self.causal else None,
                                      keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv)
@@ -125,7 +143,6 @@ class Batch:
 
     def result(self) -> Result:
         specials, canvas = self.decoder.specials, self.canvas
-        total = time.perf_counter() - self.started
         region = self.generated()
         stops = torch.tensor(specials.stops)
         if canvas.holes:                    # infilling: each hole up to its end token, joined
@@ -135,15 +152,7 @@ class Batch:
         else:
             holes = None
             answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
-        in_holes = sum(e - s for s, e in canvas.holes or ())      # infilling: the row's masks are no prompt
-        peak, kind = _peak_memory(self.decoder.device)
-        return Result(
-            ids=answers, texts=[self.decoder.detokenize(a) for a in answers],
-            canvas=region, prompt_tokens=[len(p) - in_holes for p in self.prompts], nfe=self.nfe, committed=self.committed,
-            blocks_decoded=self.blocks_done, early_stopped=self.blocks_done < len(canvas.blocks),
-            seconds_first_step=self.first_step or 0.0, seconds_total=total,
-            peak_memory_bytes=peak, peak_memory_kind=kind, cache_bytes=self.cache.nbytes, config=self.cfg,
-            batch=len(self.prompts), holes=holes)
+        return finish_result(self, answers, region, holes=holes)
 
 
 def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]], cfg: DecodeConfig):
@@ -216,21 +225,3 @@ def sub_block(block_masked: torch.Tensor, sub_len: int | None, s: int, host: tor
     a = s + int(current[0]) * sub_len
     same = bool((current == current[0]).all()) and bool((host[:, a] != mask).all())
     return candidates, (a, a + sub_len) if same else None
-
-
-def answer_ids(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
-    """Tokens before the first end token (or before the first undecoded position)."""
-    end = torch.isin(row, stops) | (row == mask)
-    cut = int(end.nonzero()[0]) if bool(end.any()) else row.numel()
-    return row[:cut].tolist()
-
-
-def _reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_memory(device: torch.device) -> tuple[int, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"

@@ -3,6 +3,8 @@ at the end. Positions are generation-relative (0 = a row's first generated posit
 
 from __future__ import annotations
 
+import resource
+import time
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -22,6 +24,9 @@ class StepEvent:
     tokens: torch.Tensor        # (B, K) predicted tokens
     confidences: torch.Tensor   # (B, K)
     committed: torch.Tensor     # (B, K) bool: the candidates committed this step
+    renoised: bool = False      # a renoising sampler's step: `tokens` is the whole next canvas,
+                                # `committed` its accepted positions (the rest is fresh noise),
+                                # `confidences` -entropy; the block's tokens come with its BlockEvent
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Result:
     config: DecodeConfig
     batch: int = field(default=1)
     holes: list[list[list[int]]] | None = None   # infilling: per row, each hole's tokens as decoded
+    steps: list[list[int]] | None = None          # renoising samplers: per row, the steps of each canvas
 
     @property
     def generated_tokens(self) -> int:
@@ -78,7 +84,41 @@ class Result:
             "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_kind": self.peak_memory_kind,
             "cache_bytes": self.cache_bytes, "early_stopped": self.early_stopped,
             "blocks_decoded": self.blocks_decoded, "config": self.config.to_dict(),
+            **({"steps_per_canvas": self.steps[0] if one else self.steps} if self.steps is not None else {}),
         }
 
 
 Event = Union[StepEvent, BlockEvent, Result]
+
+
+def finish_result(batch, answers: list[list[int]], region: torch.Tensor, holes=None, steps=None) -> Result:
+    """The Result of a finished stepper (Batch or renoise.RenoiseBatch): its answers and region,
+    counters, timings, memory."""
+    canvas = batch.canvas
+    in_holes = sum(e - s for s, e in canvas.holes or ())      # infilling: the row's masks are no prompt
+    peak, kind = _peak_memory(batch.decoder.device)
+    return Result(
+        ids=answers, texts=[batch.decoder.detokenize(a) for a in answers],
+        canvas=region, prompt_tokens=[len(p) - in_holes for p in batch.prompts], nfe=batch.nfe,
+        committed=batch.committed, blocks_decoded=batch.blocks_done,
+        early_stopped=batch.blocks_done < len(canvas.blocks), seconds_first_step=batch.first_step or 0.0,
+        seconds_total=time.perf_counter() - batch.started, peak_memory_bytes=peak, peak_memory_kind=kind,
+        cache_bytes=batch.cache.nbytes, config=batch.cfg, batch=len(batch.prompts), holes=holes, steps=steps)
+
+
+def answer_ids(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
+    """Tokens before the first end token (or before the first undecoded position)."""
+    end = torch.isin(row, stops) | (row == mask)
+    cut = int(end.nonzero()[0]) if bool(end.any()) else row.numel()
+    return row[:cut].tolist()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"

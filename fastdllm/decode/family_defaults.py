@@ -6,22 +6,37 @@ their own block size and decode by their authors' rules, so the generic default 
 
 from __future__ import annotations
 
-_LLADA2 = ("llada2", lambda c: {          # H1's generate: blocks of 32, > 0.95, at least 1 of 32 steps
+_LLADA2 = ("llada2", lambda c, g: {       # H1's generate: blocks of 32, > 0.95, at least 1 of 32 steps
     "block_len": 32, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"})
 
-# model_type or architecture -> (profile used when none is given, config.json -> DecodeConfig defaults)
+# model_type or architecture -> (profile used when none is given,
+#                                (config.json, generation_config.json) -> DecodeConfig defaults)
 FAMILY_DEFAULTS = {
-    "Fast_dLLM_Qwen": ("fast-dllm-v2", lambda c: {
+    "Fast_dLLM_Qwen": ("fast-dllm-v2", lambda c, g: {
         "block_len": c.get("bd_size") or 32, "sub_block_len": 8, "rule": "dynamic", "threshold": 0.9,
         "cache": "prefix"}),
-    "sdar": ("sdar", lambda c: {
+    "sdar": ("sdar", lambda c, g: {
         "block_len": c.get("block_size") or 4, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"}),
     "llada2_moe": _LLADA2,
     "bailing_moe_v2": _LLADA2,
-    "LLaDAMoEModelLM": ("llada-moe", lambda c: {
+    "LLaDAMoEModelLM": ("llada-moe", lambda c, g: {
         "block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}),
+    "diffusion_gemma": ("diffusion-gemma", lambda c, g: _diffusion_gemma(c, g)),
 }
 FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
+
+
+def _diffusion_gemma(config: dict, generation: dict) -> dict:
+    """The canvas from config.json; the sampler from generation_config.json (transformers' keys,
+    with its defaults where a key is absent): docs/diffusion-gemma.md 1.3."""
+    sampler = generation.get("sampler_config") or {}
+    canvas = config.get("canvas_length") or 256
+    length = generation.get("max_new_tokens") or 256
+    return {"block_len": canvas, "gen_len": -(-length // canvas) * canvas, "rule": "eb_sampler",
+            "entropy_bound": sampler.get("entropy_bound", 0.1), "denoise_steps": generation.get("max_denoising_steps", 48),
+            "t_max": generation.get("t_max", 0.8), "t_min": generation.get("t_min", 0.4),
+            "stability_steps": generation.get("stability_threshold", 1),
+            "confidence_stop": generation.get("confidence_threshold", 0.005)}
 
 
 def _entry(config: dict):
@@ -29,9 +44,9 @@ def _entry(config: dict):
     return next((FAMILY_DEFAULTS[k] for k in keys if isinstance(k, str) and k in FAMILY_DEFAULTS), None)
 
 
-def decode_defaults(config: dict) -> dict:
+def decode_defaults(config: dict, generation: dict | None = None) -> dict:
     entry = _entry(config)
-    return entry[1](config) if entry else {}
+    return entry[1](config, generation or {}) if entry else {}
 
 
 def default_profile(config: dict) -> str:

@@ -80,6 +80,8 @@ def tokenize(parts: list[str | int | None], encode: Callable[[str], list[int]], 
 def for_model(lm, parts: list[str | int | None], default_len: int) -> Filling:
     """`tokenize` with a loaded model's tokenizer (raw text, no special tokens added) and mask."""
     mask = lm.specials.mask
+    if mask < 0:
+        raise UserError(f"{lm.path.name} cannot fill holes: it resamples whole canvases after the text")
     return tokenize(parts, lambda text: lm.encode(text, chat=False), mask=mask, default_len=default_len,
                     mask_text=lm.tokenizer.convert_ids_to_tokens(mask))
 

@@ -97,12 +97,14 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def model_defaults(model_dir: Path | None) -> dict[str, Any]:
-    """The family's decoding defaults (family_defaults.py), then the `fastdllm` section of the
-    checkpoint's generation_config.json (our built-in model has one)."""
+    """The family's decoding defaults (family_defaults.py; DiffusionGemma's read its published
+    generation_config.json), then the `fastdllm` section of the checkpoint's generation_config.json
+    (our built-in model has one)."""
     if model_dir is None:
         return {}
-    defaults = decode_defaults(_json(model_dir / "config.json"))
-    section = _json(model_dir / "generation_config.json").get("fastdllm", {})
+    generation = _json(model_dir / "generation_config.json")
+    defaults = decode_defaults(_json(model_dir / "config.json"), generation)
+    section = generation.get("fastdllm", {})
     return {**defaults, **(section if isinstance(section, dict) else {})}
 
 

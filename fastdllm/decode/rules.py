@@ -26,6 +26,7 @@ class Rule:
     needs_probability: bool = False       # compares confidences with probabilities
     by_position: bool = False             # commits the leftmost candidates, not the most confident
     measure: str | None = None            # the confidence measure it needs, if one
+    renoise: bool = False                 # a renoising sampler's acceptance (DiffusionGemma), not a commit rule
 
 
 def _threshold(sorted_conf, cfg, scheduled):
@@ -50,6 +51,13 @@ def _dinfer(sorted_conf, cfg, scheduled):
     # inclusive threshold; when none reaches it, the best one and every candidate within 1e-5 of it
     bar = (sorted_conf[:, :1] - 1e-5).clamp_max(cfg.threshold)
     return (sorted_conf >= bar).sum(-1)
+
+
+def _eb_sampler(sorted_conf, cfg, scheduled):
+    # confidences are -entropy, best first: accept while the entropies ranked before a position add
+    # up to at most the bound (the EB-sampler; the lowest-entropy position is always accepted)
+    entropy = -sorted_conf
+    return ((entropy.cumsum(-1) - entropy) <= cfg.entropy_bound).sum(-1)
 
 
 def _entropy_bounded(sorted_conf, cfg, scheduled):
@@ -89,6 +97,12 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          lambda v, n: f"sequential {v} steps", _steps_text,
          "the step's share of the schedule, leftmost candidates first (SDAR's sequential)",
          scheduled=True, by_position=True),
+    Rule("eb_sampler", "entropy_bound", _eb_sampler, lambda cfg: cfg.entropy_bound,
+         lambda v, n: f"entropy bound {v:g}", lambda v, n: f"EB<={v:g}",
+         "renoising samplers (DiffusionGemma): every step resamples the whole canvas and keeps the "
+         "lowest-entropy positions whose lower-ranked entropies add up to at most entropy_bound; the "
+         "rest is renoised (docs/diffusion-gemma.md 5)",
+         renoise=True),
     Rule("entropy_bounded", "entropy_budget", _entropy_bounded, lambda cfg: cfg.entropy_budget,
          lambda v, n: f"entropy-bounded {v:g}", lambda v, n: f"H<{v:g}",
          "the lowest-entropy candidates whose entropies add up to less than entropy_budget, at least "
