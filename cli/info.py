@@ -39,7 +39,7 @@ def info(
             ("layers / hidden", f"{details['layers']} / {details['hidden_size']}"),
             ("context length", f"{details['context_length']:,} tokens"),
             ("vocabulary", f"{details['vocab_size']:,}"),
-            ("mask id", str(details["mask_id"])), ("eos ids", ", ".join(map(str, details["eos_ids"]))),
+            ("mask id", str(details["mask_id"]) if details["mask_id"] >= 0 else "none (the canvas starts as noise)"), ("eos ids", ", ".join(map(str, details["eos_ids"]))),
             ("end-of-turn id", str(details["end_of_turn_id"])),
             ("chat template", "yes" if details["chat_template"] else "no")]
     for name, est in memory.items():

@@ -188,7 +188,7 @@ def infill_suffix(suffix: Any, server: Server) -> list[int] | None:
         return None
     if not isinstance(suffix, str):
         raise ApiError(400, "suffix: expected a string", param="suffix")
-    if server.lm.model.attention.kind == "block-causal":
+    if server.lm.model.attention.kind != "bidirectional":
         raise ApiError(400, f"suffix: {server.model_name} cannot fill holes: its attention is causal between "
                             f"blocks, so what it writes never sees the suffix", param="suffix")
     ids = server.lm.encode(suffix, chat=False)

@@ -10,7 +10,7 @@ import torch
 
 from ..decode.canvas import block_end, length
 from ..decode.config import DecodeConfig
-from ..decode.engine import answer_ids
+from ..decode.events import answer_ids
 from .jobs import Finished, Job, StepUpdate, TextUpdate
 
 
@@ -65,6 +65,7 @@ class Row:
         self.first_forward: float | None = None
         self.sent = ""                       # text delivered so far
         self.finished = False
+        self.generator = None                # a renoising model's random stream, kept across batches
 
     @property
     def context(self) -> list[int]:
@@ -77,6 +78,13 @@ class Row:
         from ..decode.engine import Batch
 
         suffix = self.job.suffix
+        if getattr(self.decoder.model, "sampler", "mask") == "renoise" and suffix is None:
+            from ..decode.renoise import RenoiseBatch, row_generator
+
+            for r in rows:
+                r.generator = r.generator or row_generator(self.decoder.device, r.job.cfg.seed)
+            return RenoiseBatch(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows],
+                                generators=[r.generator for r in rows])
         if suffix is None:
             return Batch(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows])
         if len(rows) != 1 or self.decided:

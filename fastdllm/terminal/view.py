@@ -44,6 +44,8 @@ class LiveView:
         self.console, self.pieces, self.header, self.stops = console, Pieces(tokenizer), header, set(stops)
         self.tokens, self.offset = tokens, offset
         self.latest: dict[int, float] = {}           # index in tokens -> confidence of the latest step
+        self.noise: set[int] = set()                 # renoising samplers: positions holding noise now
+        self.entropy: float | None = None            # renoising samplers: the canvas's mean entropy
         self.block, self.step, self.nfe, self.committed = 0, 0, 0, 0
         self.started = time.perf_counter()
         self.interval, self.last_draw = 1.0 / fps, 0.0
@@ -59,7 +61,9 @@ class LiveView:
 
     def update(self, event) -> None:
         t0 = time.perf_counter()
-        if isinstance(event, StepEvent):
+        if isinstance(event, StepEvent) and event.renoised:
+            self.renoise_step(event)
+        elif isinstance(event, StepEvent):
             self.block, self.step, self.nfe = event.block, event.step, event.nfe
             chosen = event.committed[0]
             at = (event.positions[0][chosen] + self.offset).tolist()
@@ -68,7 +72,12 @@ class LiveView:
                 self.tokens[p] = t
             self.committed += len(at)
         elif isinstance(event, BlockEvent):
-            self.latest = {}
+            self.latest, self.noise = {}, set()
+            if self.entropy is not None:                 # a renoising sampler: its argmax is the block
+                for p, t in zip(range(event.start + self.offset, event.end + self.offset), event.tokens[0].tolist()):
+                    if 0 <= p < len(self.tokens):
+                        self.tokens[p] = t
+                self.committed += event.end - event.start
             self.block_done(event)
             self.block = event.block + 1
         now = time.perf_counter()
@@ -76,6 +85,19 @@ class LiveView:
             self.live.update(self.render(), refresh=True)
             self.last_draw = time.perf_counter()
         self.overhead += time.perf_counter() - t0
+
+    def renoise_step(self, event: StepEvent) -> None:
+        """The whole canvas changes: accepted positions show their sample coloured by certainty
+        (exp(-entropy)), the others the noise they were reset to, dim."""
+        self.block, self.step, self.nfe = event.block, event.step, event.nfe
+        at = (event.positions[0] + self.offset).tolist()
+        accepted, certainty = event.committed[0].tolist(), event.confidences[0].exp().tolist()
+        self.latest = {p: c for p, a, c in zip(at, accepted, certainty) if a}
+        self.noise = {p for p, a in zip(at, accepted) if not a}
+        for p, t in zip(at, event.tokens[0].tolist()):
+            if 0 <= p < len(self.tokens):
+                self.tokens[p] = t
+        self.entropy = -float(event.confidences[0].mean())
 
     def block_done(self, event: BlockEvent) -> None:
         pass
@@ -85,9 +107,10 @@ class LiveView:
 
     def frame(self, body: Text, blocks: int) -> Group:
         elapsed = time.perf_counter() - self.started
+        share = (f"mean entropy {self.entropy:.3f}" if self.entropy is not None
+                 else f"{self.committed / max(self.nfe, 1):.2f} tok/fwd")
         footer = Text(f"block {min(self.block + 1, blocks)}/{blocks} · step {self.step + 1} · NFE {self.nfe} · "
-                      f"{self.committed / max(self.nfe, 1):.2f} tok/fwd · {elapsed:.1f}s · "
-                      f"{self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
+                      f"{share} · {elapsed:.1f}s · {self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
         return Group(Text(self.header, style="bold"), body, footer)
 
 
@@ -128,6 +151,8 @@ class LiveCanvas(LiveView):
                 t = self.tokens[p]
                 if t is None:
                     body.append(MASK_GLYPH, style="dim on grey15")
+                elif p in self.noise:
+                    body.append(self.pieces(t), style="dim italic")
                 elif t in self.stops:
                     body.append(END_GLYPH, style="dim")
                 else:
