@@ -1,0 +1,122 @@
+"""What a DiffusionGemma decoder step costs at the published shape (google/diffusiongemma-26B-A4B-it),
+on this machine: a model with one sliding and one full-attention layer is built with random weights
+(the 26B checkpoint cannot be downloaded here, and 30 layers would not fit), each part is timed, and
+the 30 layers are added up (25 sliding, 5 full). Prints the step, the canvas (steps x step, plus the
+encoder pass that commits it) and the cost per committed token; on a GPU also the bound set by
+reading every weight once per step (all 128 experts are hit by a 256-token canvas).
+
+    python scripts/diffusion_gemma_cost.py                       # this CPU, bf16
+    python scripts/diffusion_gemma_cost.py --device cuda --repeat 20
+
+Timings are medians of --repeat runs after one warm-up, the device synchronised around each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from fastdllm.models.diffusion_gemma import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+PUBLISHED = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
+                 sliding_window=1024, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+                 final_logit_softcapping=30.0, max_position_embeddings=262144)
+LAYERS = {"sliding_attention": 25, "full_attention": 5}          # the published 30 layers (5:1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--canvas", type=int, default=256)
+    p.add_argument("--steps", type=int, nargs="+", default=[48, 16], help="denoising steps per canvas to report")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--bandwidth", type=float, help="GB/s of device memory, for the weight-read bound")
+    args = p.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    config = DiffusionGemmaConfig(text_config=dict(PUBLISHED, num_hidden_layers=2, layer_types=list(LAYERS)),
+                                  canvas_length=args.canvas)
+    with torch.device(device):
+        model = DiffusionGemmaForBlockDiffusion(config).to(dtype).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.02) if param.ndim >= 2 else param.fill_(1.0)
+    prompt = torch.randint(0, PUBLISHED["vocab_size"], (1, args.prompt), device=device)
+    canvas = torch.randint(0, PUBLISHED["vocab_size"], (1, args.canvas), device=device)
+    times: dict[str, list[float]] = {}
+    hooks = _time_layers(model, times, device)
+    with torch.inference_mode():
+        for run in range(args.repeat + 1):
+            cache = model.new_cache(torch.ones(1, args.prompt + args.canvas, dtype=torch.bool, device=device))
+            model.encode(prompt, 0, cache)
+            previous = None
+            for _ in range(2):                       # a first step, and one self-conditioned on it
+                times.setdefault("step", [])
+                begin = _now(device)
+                logits = model.denoise(canvas, args.prompt, cache, previous)
+                times["step"].append(_now(device) - begin)
+                previous = logits.to(dtype)
+            begin = _now(device)
+            model.encode(canvas, args.prompt, cache)
+            times.setdefault("encode canvas", []).append(_now(device) - begin)
+            if run == 0:
+                for measured in times.values():      # the warm-up is not counted
+                    measured.clear()
+    for h in hooks:
+        h.remove()
+    report(args, config, model, times, device)
+
+
+def _time_layers(model, times, device):
+    """Forward hooks that time each layer of each kind (decoder steps and encoder passes alike)."""
+    hooks, started = [], {}
+    for i, layer in enumerate(model.blocks):
+        kind = model.config.layer_types[i]
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: started.__setitem__(i, _now(device))))
+        hooks.append(layer.register_forward_hook(
+            lambda m, a, o, i=i, kind=kind: times.setdefault(kind, []).append(_now(device) - started[i])))
+    return hooks
+
+
+def _now(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def report(args, config, model, times, device) -> None:
+    # per run each layer runs 4 times: the prompt's encoder pass, 2 decoder steps, the canvas's pass
+    med = {k: statistics.median(v) for k, v in times.items()}
+    layer_step = {k: statistics.median(times[k][1::4] + times[k][2::4]) for k in LAYERS}
+    rest = med["step"] - sum(layer_step.values())                # embedding, self-conditioning, norm, head
+    step = rest + sum(n * layer_step[k] for k, n in LAYERS.items())
+    encode = med["encode canvas"] / 2 * sum(LAYERS.values())    # the built model has 2 layers
+    params = sum(p.numel() for p in model.parameters())
+    per_layer = {k: sum(p.numel() for p in model.blocks[list(LAYERS).index(k)].parameters()) for k in LAYERS}
+    full_params = params - sum(per_layer.values()) + sum(n * per_layer[k] for k, n in LAYERS.items())
+    print(f"DiffusionGemma 26B-A4B shape on {device} ({args.dtype}), prompt {args.prompt}, canvas {args.canvas}")
+    print(f"  built: 2 layers, {params / 1e9:.2f} B parameters; published depth: {full_params / 1e9:.2f} B")
+    print(f"  per decoder step (30 layers added up): {step * 1e3:.0f} ms = {rest * 1e3:.0f} ms embedding + "
+          f"self-conditioning + head, {layer_step['sliding_attention'] * 1e3:.0f} ms per sliding layer x 25, "
+          f"{layer_step['full_attention'] * 1e3:.0f} ms per full layer x 5")
+    print(f"  encoder pass committing a canvas: {encode * 1e3:.0f} ms")
+    for n in args.steps:
+        canvas_s = n * step + encode
+        print(f"  {n} steps per canvas: {canvas_s:.2f} s per canvas, {canvas_s / args.canvas * 1e3:.1f} ms per "
+              f"committed token, {args.canvas / canvas_s:.1f} tokens/s")
+    if args.bandwidth:
+        bound = full_params * model.embed.weight.element_size() / (args.bandwidth * 1e9)
+        print(f"  weight-read bound per step at {args.bandwidth:g} GB/s: {bound * 1e3:.1f} ms "
+              f"(step / bound = {step / bound:.1f}x)")
+    print("  CUDA graphs: not used for this family (its expert routing sizes matmuls on the host)")
+
+
+if __name__ == "__main__":
+    main()
