@@ -53,6 +53,7 @@ def inspect_checkpoint(path: Path) -> dict:
         "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
         "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
         "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "not_quantizable": getattr(model_cls, "not_quantizable", None),
     }
 
 
@@ -77,4 +78,6 @@ def memory_estimate(info: dict, canvas_tokens: int) -> dict[str, dict[str, int]]
                "8bit": info["block_matrix_parameters"] * 1 + rest * 2,
                "4bit": int(info["block_matrix_parameters"] * (0.5 + 4 / 64)) + rest * 2}
     cache = info["kv_bytes_per_token_bf16"] * canvas_tokens
+    if info.get("not_quantizable"):                 # bf16 only: --quantize refuses this family
+        weights = {"bf16": weights["bf16"]}
     return {k: {"weights": w, "cache": cache, "total": w + cache} for k, w in weights.items()}

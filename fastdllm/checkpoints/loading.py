@@ -126,6 +126,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     # configs name flex_attention) is not transformers' business here
     kwargs = {"dtype": torch_dtype, "device_map": device_map, "attn_implementation": "eager"}
     if quantize != "none":
+        if reason := getattr(model_cls, "not_quantizable", None):
+            raise UserError(f"--quantize {quantize}: not supported for {raw['model_type']} yet: {reason}")
         kwargs["quantization_config"] = quantization_config(quantize, torch_dtype)
     from safetensors import SafetensorError
 

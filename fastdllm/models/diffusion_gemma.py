@@ -95,6 +95,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     sampler = "renoise"                 # decode/renoise.py decodes it, not the mask loop
     uses_mask = False                   # its `<mask>` (id 4) is never used: the canvas is noise, not masks
     cuda_graphs = False                 # the MoE routing sizes its matmuls on the host
+    # bitsandbytes quantizes nn.Linear modules; the published experts are 3-D tensors it would leave
+    # at full size (most of the weights), so 8/4-bit is refused rather than half done
+    not_quantizable = "its experts are packed 3-D tensors, which bitsandbytes does not quantize"
 
     def __init__(self, config: DiffusionGemmaConfig):
         super().__init__(config)
