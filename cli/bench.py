@@ -40,11 +40,12 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(t) for t in items))
 
 
-def list_configs() -> None:
-    from fastdllm.bench.cases import CONFIGS
+def list_configs(model: str | None) -> None:
+    from fastdllm.bench.cases import table_for
 
-    width = max(map(len, CONFIGS))
-    for row in CONFIGS.values():
+    table = table_for(resolve_model_dir(model))
+    width = max(map(len, table))
+    for row in table.values():
         sys.stdout.write(f"{row.name:<{width}}  {row.doc}\n")
 
 
@@ -76,7 +77,7 @@ def bench(
     """Benchmark decoding configurations (cache modes x commit rules) on a prompt set: tokens/s,
     NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality."""
     if list_rows:
-        return list_configs()
+        return list_configs(model)
     from fastdllm.bench import cases as bench_cases
     from fastdllm.bench import prompts, runner
     from fastdllm.bench.format import format_for, require_matplotlib
@@ -95,13 +96,14 @@ def bench(
     sweep = bench_cases.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
                          batch_size=_batch_sizes(batch_size), threshold=_comma_list(threshold, "threshold"),
                          factor=_comma_list(factor, "factor"), early_stop=early_stop)
-    rows = bench_cases.pick_rows(comma_names(configs), [profiles.find(p) for p in comma_names(profile) or []])
+    model_dir = resolve_model_dir(model)
+    rows = bench_cases.pick_rows(comma_names(configs), [profiles.find(p) for p in comma_names(profile) or []],
+                                 bench_cases.table_for(model_dir))
     if prompts_file is not None and prompt_set is not None:
         raise UsageError("give --prompts FILE or --prompt-set NAME, not both")
     chosen = prompts.from_file(prompts_file) if prompts_file else prompts.builtin(prompt_set) if prompt_set else None
     n = n_prompts if n_prompts is not None or prompts_file else DEFAULT_N_PROMPTS
     chosen = chosen and chosen.take(n)
-    model_dir = resolve_model_dir(model)
     cases = bench_cases.expand(rows, sweep, model_dir)
     if chosen is not None:
         check_infilling(chosen, cases, chat)

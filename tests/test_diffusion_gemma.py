@@ -254,3 +254,15 @@ def test_info_and_quantization(gemma_dir):
     r = cli("generate", "-m", gemma_dir, "--quantize", "4bit", "-n", str(C), "hi")
     assert r.exit_code == 1 and "not supported for diffusion_gemma yet" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_rows_vary_the_sampler(gemma_dir, ours):
+    from test_blockdiff import cli
+
+    r = cli("bench", "-m", gemma_dir, "--dtype", "fp64", "-n", str(C), "--n-prompts", "1", "--warmup", "0",
+            "--prompt-set", "code", "--raw", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
+    assert list(records) == ["baseline", "fewer-steps", "looser-bound"]
+    assert (records["fewer-steps"]["rule"], records["looser-bound"]["entropy_bound"]) == ("eb_sampler", 0.5)
+    assert records["baseline"]["nfe"] == STEPS + 1 and records["fewer-steps"]["nfe"] == 16 + 1

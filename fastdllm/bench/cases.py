@@ -36,7 +36,21 @@ CONFIGS = {row.name: row for row in [
     Row("dual+factor", {"cache": "dual", "rule": "factor", "factor": 1.0},
         "DualCache + factor rule: largest n with (n+1)(1-c_n) < 1"),
 ]}
+# A renoising model (DiffusionGemma) has no masks to cache or commit: its rows vary its sampler.
+RENOISE_CONFIGS = {row.name: row for row in [
+    Row("baseline", {}, "the checkpoint's own sampler settings (transformers' generate): the reference"),
+    Row("fewer-steps", {"denoise_steps": 16}, "at most 16 denoising steps per canvas"),
+    Row("looser-bound", {"entropy_bound": 0.5}, "entropy bound 0.5: more positions kept at every step"),
+]}
 BASELINE = "baseline"
+
+
+def table_for(model_dir: Path | None) -> dict[str, Row]:
+    """The rows that fit the model: the renoising sampler's, or the cache and rule rows."""
+    from ..decode.profiles import model_defaults
+
+    rule = model_defaults(model_dir).get("rule", "threshold")
+    return RENOISE_CONFIGS if RULES[rule].renoise else CONFIGS
 
 
 @dataclass(frozen=True)
@@ -66,12 +80,12 @@ class Case:
         return self.cfg.gen_len, self.cfg.block_len, self.batch_size
 
 
-def pick_rows(names: list[str] | None, profiles: list[Profile] = ()) -> list[Row]:
+def pick_rows(names: list[str] | None, profiles: list[Profile] = (), table: dict[str, Row] = CONFIGS) -> list[Row]:
     """The built-in rows named (all when None) followed by one row per profile."""
     for name in names or []:
-        if name not in CONFIGS:
-            raise UsageError(f"unknown configuration '{name}' (available: {', '.join(CONFIGS)})")
-    rows = [CONFIGS[n] for n in dict.fromkeys(names)] if names is not None else list(CONFIGS.values())
+        if name not in table:
+            raise UsageError(f"unknown configuration '{name}' (available: {', '.join(table)})")
+    rows = [table[n] for n in dict.fromkeys(names)] if names is not None else list(table.values())
     taken = {r.name for r in rows}
     for p in profiles:
         name = p.name if p.name not in taken else f"profile:{p.name}"

@@ -32,7 +32,7 @@ def _diffusion_gemma(config: dict, generation: dict) -> dict:
     sampler = generation.get("sampler_config") or {}
     canvas = config.get("canvas_length") or 256
     length = generation.get("max_new_tokens") or 256
-    return {"block_len": canvas, "gen_len": -(-length // canvas) * canvas, "rule": "eb_sampler",
+    return {"block_len": canvas, "gen_len": -(-length // canvas) * canvas, "rule": "eb_sampler", "cache": "prefix",
             "entropy_bound": sampler.get("entropy_bound", 0.1), "denoise_steps": generation.get("max_denoising_steps", 48),
             "t_max": generation.get("t_max", 0.8), "t_min": generation.get("t_min", 0.4),
             "stability_steps": generation.get("stability_threshold", 1),
