@@ -266,3 +266,18 @@ def test_bench_rows_vary_the_sampler(gemma_dir, ours):
     assert list(records) == ["baseline", "fewer-steps", "looser-bound"]
     assert (records["fewer-steps"]["rule"], records["looser-bound"]["entropy_bound"]) == ("eb_sampler", 0.5)
     assert records["baseline"]["nfe"] == STEPS + 1 and records["fewer-steps"]["nfe"] == 16 + 1
+
+
+def test_eval_runs_generation_tasks_and_refuses_likelihood(gemma_dir, tmp_path):
+    pytest.importorskip("lm_eval")
+    from test_blockdiff import cli
+    from test_eval import TASKS
+
+    out = tmp_path / "r.json"
+    r = cli("eval", "-m", gemma_dir, "--dtype", "fp64", "--include-path", TASKS, "--tasks", "tiny_next_line",
+            "--limit", "2", "-n", str(C), "--output", out)
+    assert r.exit_code == 0, r.stderr
+    record = json.loads(out.read_text())[0]
+    assert record["profile"] == "diffusion-gemma" and record["answers"] == 2 and record["config"]["rule"] == "eb_sampler"
+    r = cli("eval", "-m", gemma_dir, "--include-path", TASKS, "--tasks", "tiny_choice", "--limit", "2")
+    assert r.exit_code == 1 and "no Monte Carlo likelihood" in r.stderr
