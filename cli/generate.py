@@ -23,6 +23,7 @@ def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or a pipe reads stdin.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="The chat template's thinking mode, where it has one (Gemma-4: enable_thinking; default: the template's, off).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No stats line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Detailed timing and memory stats.")] = False,
@@ -46,7 +47,7 @@ def generate(
                       live=live, quiet=quiet, verbose=verbose)
     text = read_prompt(prompt, file)
     lm, profile, cfg = prepare(opts)
-    ids = lm.encode(text, chat=chat)
+    ids = lm.encode(text, chat=chat, thinking=think)
     header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}"
     view = live_view(lm, ids, cfg, header) if live else None
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)

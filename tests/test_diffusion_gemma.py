@@ -281,3 +281,15 @@ def test_eval_runs_generation_tasks_and_refuses_likelihood(gemma_dir, tmp_path):
     assert record["profile"] == "diffusion-gemma" and record["answers"] == 2 and record["config"]["rule"] == "eb_sampler"
     r = cli("eval", "-m", gemma_dir, "--include-path", TASKS, "--tasks", "tiny_choice", "--limit", "2")
     assert r.exit_code == 1 and "no Monte Carlo likelihood" in r.stderr
+
+
+def test_the_template_thinking_switch(ours, gemma_dir):
+    from test_blockdiff import cli
+
+    on = ours.tokenizer.decode(ours.encode("hi", thinking=True))
+    assert on == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n"
+    assert ours.encode("hi", thinking=False) == ours.encode("hi")                 # off is the template's default
+    record = json.loads(cli("generate", "-m", gemma_dir, "--json", "--think", "-n", str(C), "hi").stdout)
+    assert record["prompt_tokens"] == len(ours.encode("hi", thinking=True))
+    r = cli("generate", "-m", gemma_dir, "--raw", "--think", "-n", str(C), "hi")
+    assert r.exit_code == 1 and "not with --raw" in r.stderr

@@ -51,21 +51,25 @@ class LoadedModel:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def encode(self, prompt: str, *, chat: bool | None = None, system: str | None = None,
-               history: list[dict] | None = None) -> list[int]:
-        """Token ids of `prompt`, wrapped in the chat template when `chat` (default: if there is one)."""
+               history: list[dict] | None = None, thinking: bool | None = None) -> list[int]:
+        """Token ids of `prompt`, wrapped in the chat template when `chat` (default: if there is one).
+        `thinking`: the template's thinking switch (Gemma-4's `enable_thinking`); None: its default."""
         use_chat = self.has_chat_template if chat is None else chat
         if use_chat and not self.has_chat_template:
             raise UserError(f"{self.path.name} has no chat template; use --raw")
         if not use_chat:
+            if thinking is not None:
+                raise UserError("--think/--no-think switch the chat template's thinking: not with --raw")
             return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
         messages.append({"role": "user", "content": prompt})
-        return self.encode_messages(messages)
+        return self.encode_messages(messages, thinking)
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         """Token ids of a conversation ({"role", "content"} dicts) in the chat template, ready for the
         assistant's answer; the template writes the special tokens, so the tokenizer adds none."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        switch = {} if thinking is None else {"enable_thinking": thinking}
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
