@@ -42,16 +42,22 @@ def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
     """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`; `gen_lens`: each
     row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row).
     Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded."""
-    if getattr(decoder.model, "sampler", "mask") == "renoise":
-        if holes is not None:
-            raise UserError(f"{decoder.name} cannot fill holes: it resamples whole canvases after the text")
-        from .renoise import RenoiseBatch
-
-        batch = RenoiseBatch(decoder, prompts, cfg, gen_lens)
-    else:
-        batch = Batch(decoder, prompts, cfg, gen_lens, holes)
+    batch = stepper(decoder, prompts, cfg, gen_lens, holes)
     yield from batch.events()
     yield batch.result()
+
+
+def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens: list[int] | None = None,
+            holes: list[tuple[int, int]] | None = None, generators: list[torch.Generator] | None = None):
+    """The stepper of this model's decoder, with the same events and result: the mask loop (Batch),
+    or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
+    if getattr(decoder.model, "sampler", "mask") != "renoise":
+        return Batch(decoder, prompts, cfg, gen_lens, holes)
+    if holes is not None:
+        raise UserError(f"{decoder.name} cannot fill holes: it resamples whole canvases after the text")
+    from .renoise import RenoiseBatch
+
+    return RenoiseBatch(decoder, prompts, cfg, gen_lens, generators)
 
 
 class Batch:

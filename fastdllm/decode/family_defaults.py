@@ -9,22 +9,6 @@ from __future__ import annotations
 _LLADA2 = ("llada2", lambda c, g: {       # H1's generate: blocks of 32, > 0.95, at least 1 of 32 steps
     "block_len": 32, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"})
 
-# model_type or architecture -> (profile used when none is given,
-#                                (config.json, generation_config.json) -> DecodeConfig defaults)
-FAMILY_DEFAULTS = {
-    "Fast_dLLM_Qwen": ("fast-dllm-v2", lambda c, g: {
-        "block_len": c.get("bd_size") or 32, "sub_block_len": 8, "rule": "dynamic", "threshold": 0.9,
-        "cache": "prefix"}),
-    "sdar": ("sdar", lambda c, g: {
-        "block_len": c.get("block_size") or 4, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"}),
-    "llada2_moe": _LLADA2,
-    "bailing_moe_v2": _LLADA2,
-    "LLaDAMoEModelLM": ("llada-moe", lambda c, g: {
-        "block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}),
-    "diffusion_gemma": ("diffusion-gemma", lambda c, g: _diffusion_gemma(c, g)),
-}
-FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
-
 
 def _diffusion_gemma(config: dict, generation: dict) -> dict:
     """The canvas from config.json; the sampler from generation_config.json (transformers' keys,
@@ -37,6 +21,23 @@ def _diffusion_gemma(config: dict, generation: dict) -> dict:
             "t_max": generation.get("t_max", 0.8), "t_min": generation.get("t_min", 0.4),
             "stability_steps": generation.get("stability_threshold", 1),
             "confidence_stop": generation.get("confidence_threshold", 0.005)}
+
+
+# model_type or architecture -> (profile used when none is given,
+#                                (config.json, generation_config.json) -> DecodeConfig defaults)
+FAMILY_DEFAULTS = {
+    "Fast_dLLM_Qwen": ("fast-dllm-v2", lambda c, g: {
+        "block_len": c.get("bd_size") or 32, "sub_block_len": 8, "rule": "dynamic", "threshold": 0.9,
+        "cache": "prefix"}),
+    "sdar": ("sdar", lambda c, g: {
+        "block_len": c.get("block_size") or 4, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"}),
+    "llada2_moe": _LLADA2,
+    "bailing_moe_v2": _LLADA2,
+    "LLaDAMoEModelLM": ("llada-moe", lambda c, g: {
+        "block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}),
+    "diffusion_gemma": ("diffusion-gemma", _diffusion_gemma),
+}
+FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
 
 
 def _entry(config: dict):

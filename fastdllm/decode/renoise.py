@@ -114,28 +114,23 @@ class RenoiseBatch:
             with torch.inference_mode():
                 logits = model.denoise(x, s, self.cache, previous) / _temperature(cfg, left)   # (B, C, V) fp32
                 probs = logits.softmax(-1, dtype=torch.float32)
-                sample = x.clone()
-                for r in _rows(active.tolist()):
-                    sample[r] = torch.multinomial(probs[r], 1, generator=self.generators[r])[:, 0]
                 entropy = torch.distributions.Categorical(logits=logits).entropy()    # (B, C)
                 accepted = select(-entropy, everything, cfg)
-                renoised = sample.clone()
-                for r in _rows(active.tolist()):
-                    renoised[r] = torch.where(accepted[r], sample[r], self._uniform(r, C))
-                keep = ~active[:, None]                                      # stopped rows stay as they were
-                new_argmax = torch.where(keep, argmax, logits.argmax(-1))
-                x = torch.where(keep, x, renoised)
-                logits = torch.where(keep[..., None], previous, logits) if previous is not None else logits
+                rows = _rows(active.tolist())
+                # a stopped row draws nothing and keeps its canvas and argmax (its forward is discarded)
+                for r in rows:
+                    sample = torch.multinomial(probs[r], 1, generator=self.generators[r])[:, 0]
+                    x[r] = torch.where(accepted[r], sample, self._uniform(r, C))
+                new_argmax = torch.where(active[:, None], logits.argmax(-1), argmax)
                 stable = (history == new_argmax[None]).all(-1).all(0) if cfg.stability_steps else torch.ones_like(active)
                 history = torch.cat([history[1:], new_argmax[None]]) if cfg.stability_steps else history
-                entropy = torch.distributions.Categorical(logits=logits).entropy()
                 stopped = stable & (entropy.mean(-1) < cfg.confidence_stop)
             self.nfe += 1
-            for r in _rows(active.tolist()):
+            for r in rows:
                 steps[r] += 1
             if self.first_step is None:
                 self.first_step = time.perf_counter() - self.started
-            yield StepEvent(block, cfg.denoise_steps - left, self.nfe, (s, e), positions, x.cpu(),
+            yield StepEvent(block, cfg.denoise_steps - left, self.nfe, (s, e), positions, x.clone().cpu(),
                             (-entropy).double().cpu(), (accepted & active[:, None]).cpu(), renoised=True)
             argmax, previous = new_argmax, logits.to(model.embed.weight.dtype)
             active = active & ~stopped

@@ -36,7 +36,6 @@ TEXT_KEYS = dict(vocab_size=262_144, hidden_size=2304, intermediate_size=9216, n
                  num_experts=None, top_k_experts=None, moe_intermediate_size=None)
 DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
-VISION_PREFIXES = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
 
 
 class DiffusionGemmaConfig(PretrainedConfig):
@@ -121,7 +120,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
             dim = c.head_dim_of(c.layer_types.index(kind)) if kind in c.layer_types else c.head_dim
             fraction = rope.get("partial_rotary_factor", 1.0) if rope["rope_type"] == "proportional" else None
             self.inv_freq[kind] = inv_frequencies(dim, rope["rope_theta"], fraction)
-        self.n_heads, self.rope_theta = c.num_attention_heads, None
         self.post_init()
 
     @property
@@ -156,12 +154,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
         return CanvasCache.allocate(valid, layers=[(device, dtype)] * n, kv_heads=[c.kv_heads(i) for i in range(n)],
                                     head_dim=[c.head_dim_of(i) for i in range(n)], keep_kv=True, block=block)
 
-    @classmethod
-    def check_loaded(cls, report: dict) -> None:
-        """Vision weights may be present and are not read; anything else missing or unexpected is an error."""
-        unexpected = [k for k in report.get("unexpected_keys") or [] if not k.startswith(VISION_PREFIXES)]
-        super().check_loaded({"missing_keys": report.get("missing_keys"), "unexpected_keys": unexpected})
-
+    # vision weights may be present and are not read (anything else missing or unexpected is an error)
     _keys_to_ignore_on_load_unexpected = [r"model\.encoder\.(vision_tower|embed_vision)\."]
 
     # --- the two modes ---------------------------------------------------------------------------

@@ -75,23 +75,20 @@ class Row:
     def batch(self, rows: list["Row"], cfg: DecodeConfig):
         """The engine Batch of `rows` (this one first) under cfg; an infilling row is alone, its
         canvas the prompt, cfg.gen_len masks (its region) and the suffix."""
-        from ..decode.engine import Batch
+        from ..decode.engine import stepper
+        from ..decode.renoise import row_generator
 
         suffix = self.job.suffix
-        if getattr(self.decoder.model, "sampler", "mask") == "renoise" and suffix is None:
-            from ..decode.renoise import RenoiseBatch, row_generator
-
-            for r in rows:
-                r.generator = r.generator or row_generator(self.decoder.device, r.job.cfg.seed)
-            return RenoiseBatch(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows],
-                                generators=[r.generator for r in rows])
         if suffix is None:
-            return Batch(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows])
+            for r in rows:                   # kept across batches; used by renoising models only
+                r.generator = r.generator or row_generator(self.decoder.device, r.job.cfg.seed)
+            return stepper(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows],
+                           generators=[r.generator for r in rows])
         if len(rows) != 1 or self.decided:
             raise RuntimeError("an infilling row is decoded alone, in one batch")
         n = len(self.job.prompt)
         ids = self.job.prompt + [self.decoder.specials.mask] * self.region + suffix
-        return Batch(self.decoder, [ids], cfg, holes=[(n, n + self.region)])
+        return stepper(self.decoder, [ids], cfg, holes=[(n, n + self.region)])
 
     @property
     def remaining(self) -> int:
