@@ -72,6 +72,7 @@ class RenoiseBatch:
         with torch.inference_mode():
             model.encode(host[:, :canvas.blocks[0][0]].to(device), 0, self.cache)
         self.nfe += 1
+
         def alive(s: int) -> list[bool]:
             """The rows that decode the canvas at s: not past their length, nor (early_stop, as
             transformers always does) after the canvas holding their stop id."""
