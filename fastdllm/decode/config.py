@@ -40,6 +40,8 @@ class DecodeConfig:
     t_min: float = field(default=0.4, metadata={"min": 0.0, "help": "renoising samplers: the temperature the schedule falls towards at the last step"})
     stability_steps: int = field(default=1, metadata={"min": 0, "help": "renoising samplers: a canvas stops once its argmax is unchanged for this many steps and its mean entropy is below confidence_stop"})
     confidence_stop: float = field(default=0.005, metadata={"min": 0.0, "help": "renoising samplers: the mean entropy (nats) under which a stable canvas stops"})
+    edit_threshold: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0, "help": "token editing (LLaDA2.1): also overwrite a token written in the active block when the new argmax differs and its probability exceeds this (none: no editing)"})
+    max_post_steps: int = field(default=16, metadata={"min": 0, "help": "token editing: the most edit-only rounds after a block has no mask left"})
     refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
 
@@ -63,6 +65,17 @@ class DecodeConfig:
             raise ConfigError(f"t_max {self.t_max} is below t_min {self.t_min} (the schedule falls from t_max to t_min)")
         if rule.needs_probability and self.confidence not in ("prob", "margin"):
             raise ConfigError(f"confidence '{self.confidence}' is not a probability; the {self.rule} rule needs prob or margin")
+        if self.edit_threshold is not None:
+            self._check_editing(rule)
+
+    def _check_editing(self, rule) -> None:
+        """Token editing (docs/llada2-editing.md) compares the new token's probability, per whole block."""
+        if rule.renoise:
+            raise ConfigError(f"edit_threshold: the {self.rule} rule resamples whole canvases; editing belongs to mask decoding")
+        if self.confidence != "prob":
+            raise ConfigError(f"edit_threshold compares probabilities; confidence must be prob (got '{self.confidence}')")
+        if self.sub_block_len is not None:
+            raise ConfigError("edit_threshold: editing works on whole blocks; unset sub_block_len")
 
     @property
     def num_blocks(self) -> int:

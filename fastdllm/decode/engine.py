@@ -23,6 +23,7 @@ from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
 from .config import DecodeConfig
 from .decoder import Decoder
+from .editing import BlockRows, refuse_editing
 from .events import (
     BlockEvent,
     Event,
@@ -34,7 +35,7 @@ from .events import (
 )
 from .graphs import SpanForward
 from .rules import RULES
-from .selection import fixed_schedule, predict, select
+from .selection import fixed_schedule, predict, select, select_edits
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
@@ -53,6 +54,8 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
     if getattr(decoder.model, "sampler", "mask") != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes)
+    if cfg.edit_threshold is not None:
+        raise UserError(f"{decoder.name} resamples whole canvases; token editing belongs to mask decoding (LLaDA2.x)")
     if holes is not None:
         raise UserError(f"{decoder.name} cannot fill holes: it resamples whole canvases after the text")
     from .renoise import RenoiseBatch
@@ -74,6 +77,8 @@ class Batch:
         self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
         self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
         self.causal = model.attention.kind == "block-causal"
+        if cfg.edit_threshold is not None:
+            refuse_editing(decoder, self.causal)
         if holes is not None:
             if len(prompts) != 1 or gen_lens is not None:
                 raise ValueError("infilling decodes one template row at a time")
@@ -87,7 +92,7 @@ class Batch:
         self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len if self.causal else None,
                                      keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv)
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
-        self.nfe = self.committed = self.blocks_done = 0
+        self.nfe = self.committed = self.edits = self.blocks_done = 0    # edits: tokens overwritten (T2T)
         self.first_step: float | None = None
 
     def generated(self) -> torch.Tensor:
@@ -120,32 +125,36 @@ class Batch:
                 break                                                   # a store pass committed the stop
             counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
             schedule = fixed_schedule(counted, cfg.steps_per_block)
-            step = 0
-            while bool((block_masked := host[:, s:e] == specials.mask).any()):
-                candidates, sub = sub_block(block_masked, cfg.sub_block_len, s, host, specials.mask)
+            rows, step = BlockRows(B, cfg), 0                           # editing.py: who takes the next step
+            while rows.begin(block_masked := host[:, s:e] == specials.mask):
+                candidates, sub = sub_block(block_masked & rows.live[:, None], cfg.sub_block_len, s, host, specials.mask)
                 span = span_for(cfg, step, s, e, T, causal=causal, sub=sub)
                 scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
+                editable = rows.editable(host, s, e, canvas.starts, canvas.ends, specials.mask)
                 with torch.inference_mode():
-                    positions, tokens, conf, chosen = _decode_step(
-                        self.forward, span, candidates, s, scheduled, cfg, banned, generator)
-                host.scatter_(1, positions, torch.where(chosen, tokens, host.gather(1, positions)))
+                    positions, tokens, conf, chosen, edited = _decode_step(
+                        self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable)
+                wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
+                host.scatter_(1, positions, torch.where(wrote, tokens, host.gather(1, positions)))
+                rows.end(wrote, edited)
                 self.nfe += 1
                 self.committed += int(chosen.sum())
+                self.edits += int(edited.sum())
                 if self.first_step is None:
                     self.first_step = time.perf_counter() - self.started
-                yield StepEvent(block, step, self.nfe, span, rel(positions), tokens, conf, chosen)
+                yield StepEvent(block, step, self.nfe, span, rel(positions), tokens, conf, chosen, edited=edited)
                 step += 1
-                if causal and cfg.early_stop and bool(ended().all()):
+                if causal and cfg.early_stop and not rows.editing and bool(ended().all()):
                     stopped = True                                      # nothing before the stops can change
-                    break
+                    break                                               # (an edit still could: block end)
             self.blocks_done += 1
             done = ended()                                              # (B,) the answer ended here or before
             first = max(s, canvas.starts[0])                            # row 0's generated part of the block
             yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), done)
             if stopped or (cfg.early_stop and bool(done.all())) or block == len(canvas.blocks) - 1:
                 break
-            if causal:                                                  # store the finished block's K/V
-                yield store(s, e, block + 1)
+            if causal and not rows.fresh:                               # store the finished block's K/V
+                yield store(s, e, block + 1)                            # (unless its last forward saw it final)
 
     def result(self) -> Result:
         specials, canvas = self.decoder.specials, self.canvas
@@ -180,11 +189,14 @@ def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
     raise RuntimeError("generate ended without a result")
 
 
-def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator):
-    """One forward and one decision. block_masked (B, L): the active block's candidate positions."""
+def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None):
+    """One forward and one decision. block_masked (B, L): the active block's candidate positions;
+    editable (B, L) or None: positions whose written token may be edited (then every position of
+    the block is read). Returns positions, tokens, confidences, committed and edited (B, K)."""
     canvas = forward.canvas
     device = canvas.device
-    K = block_masked.shape[1] if forward.full_block else int(block_masked.sum(1).max())
+    whole = forward.full_block or editable is not None
+    K = block_masked.shape[1] if whole else int(block_masked.sum(1).max())
     # Candidate slots: each row's masked positions first, then committed ones as filler, so the
     # K indices of a row are distinct and the scatter below is deterministic.
     order = torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :K]     # (B, K)
@@ -195,9 +207,12 @@ def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ba
     tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
                            banned=banned, generator=generator)
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device))
-    canvas.scatter_(1, pos_dev, torch.where(chosen, tokens, canvas.gather(1, pos_dev)))
-    packed = torch.stack([tokens.to(conf.dtype), conf, chosen.to(conf.dtype)]).cpu()   # the one sync
-    return positions, packed[0].long(), packed[1], packed[2].bool()
+    current = canvas.gather(1, pos_dev)
+    edited = (torch.zeros_like(chosen) if editable is None else
+              select_edits(tokens, conf, current, editable.gather(1, order).to(device), cfg.edit_threshold))
+    canvas.scatter_(1, pos_dev, torch.where(chosen | edited, tokens, current))
+    packed = torch.stack([tokens.to(conf.dtype), conf, chosen.to(conf.dtype), edited.to(conf.dtype)]).cpu()   # the one sync
+    return positions, packed[0].long(), packed[1], packed[2].bool(), packed[3].bool()
 
 
 def _complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: int, mask: int):

@@ -27,6 +27,8 @@ class StepEvent:
     renoised: bool = False      # a renoising sampler's step: `tokens` is the whole next canvas,
                                 # `committed` its accepted positions (the rest is fresh noise),
                                 # `confidences` -entropy; the block's tokens come with its BlockEvent
+    edited: torch.Tensor | None = None   # (B, K) bool: written tokens overwritten this step (token
+                                         # editing, T2T); None where a step cannot edit
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Result:
     prompt_tokens: list[int]
     nfe: int
     committed: int              # positions committed, all rows
+    edits: int                  # written tokens overwritten by token editing, all rows
     blocks_decoded: int
     early_stopped: bool
     seconds_first_step: float
@@ -83,7 +86,7 @@ class Result:
             "timings": {"first_step_s": round(self.seconds_first_step, 4), "total_s": round(self.seconds_total, 4)},
             "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_kind": self.peak_memory_kind,
             "cache_bytes": self.cache_bytes, "early_stopped": self.early_stopped,
-            "blocks_decoded": self.blocks_decoded, "config": self.config.to_dict(),
+            "blocks_decoded": self.blocks_decoded, "edits": self.edits, "config": self.config.to_dict(),
             **({"steps_per_canvas": self.steps[0] if one else self.steps} if self.steps is not None else {}),
         }
 
@@ -100,7 +103,7 @@ def finish_result(batch, answers: list[list[int]], region: torch.Tensor, holes=N
     return Result(
         ids=answers, texts=[batch.decoder.detokenize(a) for a in answers],
         canvas=region, prompt_tokens=[len(p) - in_holes for p in batch.prompts], nfe=batch.nfe,
-        committed=batch.committed, blocks_decoded=batch.blocks_done,
+        committed=batch.committed, edits=getattr(batch, "edits", 0), blocks_decoded=batch.blocks_done,
         early_stopped=batch.blocks_done < len(canvas.blocks), seconds_first_step=batch.first_step or 0.0,
         seconds_total=time.perf_counter() - batch.started, peak_memory_bytes=peak, peak_memory_kind=kind,
         cache_bytes=batch.cache.nbytes, config=batch.cfg, batch=len(batch.prompts), holes=holes, steps=steps)

@@ -76,3 +76,11 @@ def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
     n = commit_counts(sorted_conf, candidate.sum(-1), cfg, scheduled)
     take = torch.arange(conf.shape[-1], device=conf.device)[None, :] < n[:, None]   # in sorted order
     return torch.zeros_like(take).scatter(-1, order, take)
+
+
+def select_edits(tokens: torch.Tensor, probability: torch.Tensor, current: torch.Tensor, editable: torch.Tensor,
+                 threshold: float) -> torch.Tensor:
+    """Token editing (T2T): (B, K) bool, the editable positions whose prediction differs from the
+    token written there and whose probability exceeds `threshold` (strictly, as the references).
+    All arguments (B, K): predicted tokens, their probabilities, the canvas tokens, editable."""
+    return editable & (probability > threshold) & (tokens != current)

@@ -1,0 +1,169 @@
+"""Token editing (LLaDA2.1, docs/llada2-editing.md) against the independent float64 transcription of
+the checkpoint's `generate` (tests/reference_editing.py) on tiny LLaDA2 checkpoints: the masks
+committed and the tokens edited at every step, post-fill rounds and how each block ends, NFE, the
+final canvas; every cache mode; prompts on and off block boundaries; batches against rows alone;
+early stop; the refusals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import reference_editing as edit_ref
+import reference_moe as ref
+import torch
+from mask_heavy import heavy_copy, max_mask_probability
+
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_moe import write_llada2_moe
+from fastdllm.decode.config import ConfigError, DecodeConfig
+from fastdllm.decode.editing import refuse_editing
+from fastdllm.decode.engine import run
+from fastdllm.decode.events import StepEvent
+from fastdllm.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> (float64 LoadedModel, naive reference): the docs' fixture, and its copy whose mask
+    row takes real probability (tests/mask_heavy.py)."""
+    path = write_llada2_moe(tmp_path_factory.mktemp("ckpt") / "llada2")
+    lm = loading.load(path, dtype="fp64")
+    canvas = prompt_of(5) + [lm.specials.mask] * 32
+    heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / "llada2", canvas)
+    assert max_mask_probability(heavy, canvas) > 0.05
+    ref.BANNED[:] = [lm.specials.mask]                     # fastdllm never predicts the mask id
+    yield {"llada2": (lm, ref.NaiveLLaDA2(path)), "heavy": (heavy, ref.NaiveLLaDA2(heavy.path))}
+    ref.BANNED[:] = []
+
+
+def prompt_of(length: int) -> list[int]:
+    return torch.randint(10, 4000, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+
+
+def config(gen_len=32, threshold=0.7, edit=0.5, post=16, cache="prefix", early_stop=False) -> DecodeConfig:
+    return DecodeConfig(gen_len=gen_len, block_len=32, rule="dynamic", threshold=threshold, edit_threshold=edit,
+                        max_post_steps=post, cache=cache, early_stop=early_stop)
+
+
+def decode(lm, prompts, cfg):
+    """Per row the denoising steps as (committed pairs, edited pairs) in reference coordinates
+    (prompt + generation), the store passes, the Result."""
+    events = []
+    result = run(lm.decoder, prompts, cfg, on_event=lambda e: events.append(e) if isinstance(e, StepEvent) else None)
+    steps, stores = [[] for _ in prompts], sum(e.step < 0 for e in events)
+    for e in (e for e in events if e.step >= 0):
+        for row, prompt in enumerate(prompts):
+            steps[row].append(tuple(sorted((int(p) + len(prompt), int(t)) for p, t, f in
+                                           zip(e.positions[row], e.tokens[row], flags) if f)
+                                    for flags in (e.committed[row], e.edited[row])))
+    return steps, stores, result
+
+
+def reference(naive, lm, prompt, gen_len=32, threshold=0.7, edit=0.5, post=16, **kw):
+    return edit_ref.editing_generate(naive, prompt, mask_id=lm.specials.mask, eos_id=lm.specials.stops[0],
+                                     gen_length=gen_len, threshold=threshold, edit_threshold=edit, max_post_steps=post, **kw)
+
+
+# (fixture, prompt length, gen_len, threshold, edit threshold, max_post_steps): the model card's
+# Quality and Speed modes, a strict edit threshold (blocks end on the no-change exit), no post-fill
+# budget (edits only beside commits); prompts ending inside, at the end of and one past a block
+CASES = [("llada2", 5, 32, 0.7, 0.5, 16), ("llada2", 32, 32, 0.5, 0.0, 16), ("llada2", 33, 64, 0.7, 0.9, 16),
+         ("llada2", 31, 64, 0.7, 0.5, 0), ("llada2", 63, 32, 0.5, 0.5, 3), ("heavy", 5, 64, 0.7, 0.5, 16),
+         ("heavy", 40, 32, 0.5, 0.0, 4)]
+
+
+@pytest.mark.parametrize("name, length, gen_len, threshold, edit, post", CASES)
+def test_editing_decodes_as_its_generate(models, name, length, gen_len, threshold, edit, post):
+    """The same masks committed and tokens edited at every step, post-fill rounds included, under
+    every cache mode; NFE = the reference's forwards + the store passes of blocks that ended on the budget."""
+    lm, naive = models[name]
+    prompt = prompt_of(length)
+    trace = reference(naive, lm, prompt, gen_len, threshold, edit, post)
+    expected = [(s.committed, s.edited) for s in trace.steps]
+    for cache in ("prefix", "none", "dual"):
+        steps, stores, result = decode(lm, [prompt], config(gen_len, threshold, edit, post, cache))
+        assert steps[0] == expected, cache
+        assert result.canvas[0].tolist() == trace.canvas[length:]
+        assert stores == trace.stores(32) and result.nfe == trace.nfe + stores
+        assert result.edits == trace.edits and result.to_dict()["edits"] == trace.edits
+
+
+def test_the_cases_cover_what_editing_does(models):
+    """The comparisons above are not vacuous: edits happen while masks remain and in post-fill
+    rounds, edits overwrite earlier edits, blocks end both ways, and a prompt's tail is never edited."""
+    seen = {"mid-fill": 0, "post-fill": 0, "re-edit": 0, "no-change": 0, "budget": 0}
+    for name, length, gen_len, threshold, edit, post in CASES:
+        lm, naive = models[name]
+        trace = reference(naive, lm, prompt_of(length), gen_len, threshold, edit, post)
+        edited_before = set()
+        for s in trace.steps:
+            seen["post-fill" if s.post else "mid-fill"] += len(s.edited)
+            seen["re-edit"] += sum(p in edited_before for p, _ in s.edited)
+            edited_before |= {p for p, _ in s.edited}
+            assert all(p >= length for p, _ in s.edited) and all(s.was[p] != t for p, t in s.edited)
+        for end in trace.ends.values():
+            seen[end] += 1
+    assert all(n > 0 for n in seen.values()), seen
+
+
+def test_batch_equals_rows_alone(models):
+    """Rows of different prompt lengths (left-padded by whole blocks) decode as alone, edits included."""
+    lm, _ = models["llada2"]
+    prompts = [prompt_of(n) for n in (5, 33, 40)]
+    cfg = config(gen_len=64, threshold=0.5, edit=0.0, post=4)
+    steps, _, batch = decode(lm, prompts, cfg)
+    total = 0
+    for row, prompt in enumerate(prompts):
+        alone_steps, _, alone = decode(lm, [prompt], cfg)
+        width = alone.canvas.shape[1]
+        assert batch.canvas[row, :width].tolist() == alone.canvas[0].tolist() and batch.ids[row] == alone.ids[0]
+        mine = [s for s in steps[row] if s != ([], [])]           # the row's own steps (others' steps are empty)
+        assert mine == [s for s in alone_steps[0] if s != ([], [])]
+        total += alone.edits
+    assert batch.edits == total > 0
+
+
+def test_edit_threshold_one_never_edits(models):
+    """p > 1 never holds: the tokens of decoding without editing, one post-fill round per block (its
+    no-change exit), whose forward stores the block: NFE one more than without editing."""
+    lm, _ = models["llada2"]
+    prompt = prompt_of(11)
+    plain = run(lm.decoder, [prompt], config(gen_len=64, edit=None))
+    never = run(lm.decoder, [prompt], config(gen_len=64, edit=1.0))
+    assert never.canvas.tolist() == plain.canvas.tolist() and never.edits == plain.edits == 0
+    assert never.nfe == plain.nfe + 1
+
+
+def test_early_stop_waits_for_the_block_end(models):
+    """A stop token can be edited away: with editing the answer is checked after each block (never
+    mid-block), and the answer up to the stop is the one decoded without early stop."""
+    lm, naive = models["llada2"]
+    prompt = prompt_of(5)
+    full = reference(naive, lm, prompt, 96, 0.5, 0.0, 4)
+    stop = full.canvas[5 + 40]                                  # a token the model writes in block 1
+    decoder = replace(lm.decoder, specials=replace(lm.decoder.specials, stops=(stop,)))
+    stopped = run(decoder, [prompt], config(gen_len=96, threshold=0.5, edit=0.0, post=4, early_stop=True))
+    cut = full.canvas[5:].index(stop)
+    assert stopped.ids[0] == full.canvas[5:5 + cut] and stopped.early_stopped
+    assert stopped.blocks_decoded == (5 + cut) // 32 + 1        # up to the block holding the stop
+
+
+def test_refusals(models, llada64):
+    with pytest.raises(ConfigError, match="confidence must be prob"):
+        DecodeConfig(edit_threshold=0.5, confidence="margin")
+    with pytest.raises(ConfigError, match="sub_block_len"):
+        DecodeConfig(edit_threshold=0.5, sub_block_len=8)
+    with pytest.raises(ConfigError, match="resamples whole canvases"):
+        DecodeConfig(edit_threshold=0.5, rule="eb_sampler")
+    with pytest.raises(ConfigError, match="above the maximum"):
+        DecodeConfig(edit_threshold=1.5)
+    with pytest.raises(UserError, match="attends bidirectionally") as e:
+        run(llada64.decoder, [[5, 6, 7]], DecodeConfig(gen_len=32, edit_threshold=0.5))
+    assert "\n" not in str(e.value)
+    shifted = SimpleNamespace(name="tiny-v2", model=SimpleNamespace(logit_shift=1))
+    with pytest.raises(UserError, match="from the one before it"):
+        refuse_editing(shifted, causal=True)
