@@ -12,8 +12,8 @@ from ..decode.config import DecodeConfig
 
 @dataclass(frozen=True)
 class StepUpdate:
-    positions: list[int]        # answer-relative positions committed by this forward
-    tokens: list[int]           # their token ids
+    positions: list[int]        # answer-relative positions committed by this forward (with token
+    tokens: list[int]           # editing, also those it overwrote); their token ids
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Finished:
     seconds: float              # from submit to finish
     queued_seconds: float       # waiting before the first forward
     mean_batch: float           # mean rows per forward while this answer was decoded
+    edits: int = 0              # token editing: written tokens of this answer overwritten
 
     @property
     def tokens_per_forward(self) -> float:

@@ -23,7 +23,8 @@ def details(f: Finished, prepared: Prepared) -> dict:
     """The `fastdllm` object of a whole answer: the canvas, the answer's token ids (up to its end
     token, before a stop string's cut) and its timing."""
     return {**prepared.info(), "completion_ids": f.ids, "seconds": round(f.seconds, 4),
-            "queued_seconds": round(f.queued_seconds, 4), "mean_batch": round(f.mean_batch, 3)}
+            "queued_seconds": round(f.queued_seconds, 4), "mean_batch": round(f.mean_batch, 3),
+            **({"edits": f.edits} if prepared.cfg.edit_threshold is not None else {})}
 
 
 @dataclass(frozen=True)

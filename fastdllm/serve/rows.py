@@ -61,7 +61,7 @@ class Row:
         self.region = block_end(n + cfg.gen_len, cfg.block_len) - n if causal else cfg.gen_len
         self.decided: list[int] = []         # generated tokens of finished blocks (final)
         self.base = 0                        # len(decided) when the current batch was planned
-        self.nfe = self.committed = self.rows_seen = 0
+        self.nfe = self.committed = self.edits = self.rows_seen = 0
         self.first_forward: float | None = None
         self.sent = ""                       # text delivered so far
         self.finished = False
@@ -100,19 +100,24 @@ class Row:
 
     def stepped(self, event, i: int, rows: int) -> None:
         """A forward of the batch (row i of `rows`): counted if it decided positions of this row
-        (or stored its keys/values: a block-causal store pass)."""
+        (committed masks or, with token editing, overwrote written tokens) or stored its
+        keys/values (a block-causal store pass). An edit-only round that changes nothing (the
+        end of a block under editing) is not counted."""
         chosen = event.committed[i]
-        if event.step >= 0 and not bool(chosen.any()):
+        edited = event.edited[i] if event.edited is not None else torch.zeros_like(chosen)
+        wrote = chosen | edited
+        if event.step >= 0 and not bool(wrote.any()):
             return
         self.nfe += 1
         self.committed += int(chosen.sum())
+        self.edits += int(edited.sum())
         self.rows_seen += rows
         if self.first_forward is None:
             self.first_forward = time.perf_counter()
-        if self.job.steps and bool(chosen.any()):
-            at = event.positions[i][chosen] + self.base
+        if self.job.steps and bool(wrote.any()):           # an edited position is sent again, its new token
+            at = event.positions[i][wrote] + self.base
             keep = at >= 0
-            self.job.deliver(StepUpdate(at[keep].tolist(), event.tokens[i][chosen][keep].tolist()))
+            self.job.deliver(StepUpdate(at[keep].tolist(), event.tokens[i][wrote][keep].tolist()))
 
     def block_done(self, region: torch.Tensor, upto: int, cancelled: bool, metrics=None) -> None:
         """A block finished: `region` is this row's generated region in the batch, final up to
@@ -151,7 +156,7 @@ class Row:
         first = self.first_forward or now
         result = Finished(
             text=text, ids=ids, finish_reason=reason, prompt_tokens=len(self.job.prompt) + len(self.job.suffix or ()),
-            completion_tokens=len(ids), nfe=self.nfe, committed=self.committed,
+            completion_tokens=len(ids), nfe=self.nfe, committed=self.committed, edits=self.edits,
             seconds=now - self.job.submitted, queued_seconds=first - self.job.submitted,
             mean_batch=self.rows_seen / max(self.nfe, 1))
         if metrics:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
+import torch
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
@@ -14,6 +15,7 @@ from ..decode.engine import BlockEvent, Result, StepEvent
 from ..units import human_bytes
 
 MASK_GLYPH = "░"
+EDIT_STYLE = "bold magenta"   # a token that token editing (LLaDA2.1) has just overwritten
 END_GLYPH = "·"      # a committed end-of-text / end-of-turn position (padding after the answer)
 
 
@@ -44,6 +46,8 @@ class LiveView:
         self.console, self.pieces, self.header, self.stops = console, Pieces(tokenizer), header, set(stops)
         self.tokens, self.offset = tokens, offset
         self.latest: dict[int, float] = {}           # index in tokens -> confidence of the latest step
+        self.edited: set[int] = set()                # token editing: indices the latest step overwrote
+        self.edits = 0                               # tokens overwritten so far
         self.noise: set[int] = set()                 # renoising samplers: positions holding noise now
         self.entropy: float | None = None            # renoising samplers: the canvas's mean entropy
         self.block, self.step, self.nfe, self.committed = 0, 0, 0, 0
@@ -66,13 +70,17 @@ class LiveView:
         elif isinstance(event, StepEvent):
             self.block, self.step, self.nfe = event.block, event.step, event.nfe
             chosen = event.committed[0]
-            at = (event.positions[0][chosen] + self.offset).tolist()
-            self.latest = dict(zip(at, event.confidences[0][chosen].tolist()))
-            for p, t in zip(at, event.tokens[0][chosen].tolist()):
+            edited = event.edited[0] if event.edited is not None else torch.zeros_like(chosen)
+            wrote = chosen | edited                   # new tokens at masks, and edits of written ones
+            at = (event.positions[0][wrote] + self.offset).tolist()
+            self.latest = dict(zip(at, event.confidences[0][wrote].tolist()))
+            self.edited = set((event.positions[0][edited] + self.offset).tolist())
+            for p, t in zip(at, event.tokens[0][wrote].tolist()):
                 self.tokens[p] = t
-            self.committed += len(at)
+            self.committed += int(chosen.sum())
+            self.edits += len(self.edited)
         elif isinstance(event, BlockEvent):
-            self.latest, self.noise = {}, set()
+            self.latest, self.noise, self.edited = {}, set(), set()
             if self.entropy is not None:                 # a renoising sampler: its argmax is the block
                 for p, t in zip(range(event.start + self.offset, event.end + self.offset), event.tokens[0].tolist()):
                     if 0 <= p < len(self.tokens):
@@ -109,6 +117,7 @@ class LiveView:
         elapsed = time.perf_counter() - self.started
         share = (f"mean entropy {self.entropy:.3f}" if self.entropy is not None
                  else f"{self.committed / max(self.nfe, 1):.2f} tok/fwd")
+        share += f" · {self.edits} edits" if self.edits else ""
         footer = Text(f"block {min(self.block + 1, blocks)}/{blocks} · step {self.step + 1} · NFE {self.nfe} · "
                       f"{share} · {elapsed:.1f}s · {self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
         return Group(Text(self.header, style="bold"), body, footer)
@@ -153,6 +162,8 @@ class LiveCanvas(LiveView):
                     body.append(MASK_GLYPH, style="dim on grey15")
                 elif p in self.noise:
                     body.append(self.pieces(t), style="dim italic")
+                elif p in self.edited:
+                    body.append(self.pieces(t) if t not in self.stops else END_GLYPH, style=EDIT_STYLE)
                 elif t in self.stops:
                     body.append(END_GLYPH, style="dim")
                 else:
@@ -246,6 +257,13 @@ def _blocks(result: Result) -> int:
     return result.config.num_blocks
 
 
+def edits_text(result: Result) -> str:
+    cfg = result.config
+    per_block = result.edits / max(result.blocks_decoded, 1)
+    return (f"{result.edits} ({per_block:.1f} per block; edit threshold {cfg.edit_threshold:g}, "
+            f"at most {cfg.max_post_steps} edit-only rounds)")
+
+
 def stats_block(result: Result, info: dict, view_overhead: float | None = None) -> str:
     cfg = result.config
     rows = [
@@ -260,6 +278,7 @@ def stats_block(result: Result, info: dict, view_overhead: float | None = None) 
         ("blocks", f"{result.blocks_decoded} of {_blocks(result)} of {cfg.block_len} tokens"
                    + (" (over the holes' masks)" if result.holes else "")),
         ("early stop", "yes" if result.early_stopped else "no"),
+        *([("token edits", edits_text(result))] if cfg.edit_threshold is not None else []),
         ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']})" if "cpu_capability" in info else "")
          + f" / {info.get('dtype')}" + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")
          + (f" ({info['portable_4bit_layers']} layers on bitsandbytes' portable 4-bit kernel: shapes its bf16 CPU "
