@@ -167,3 +167,94 @@ def test_refusals(models, llada64):
     shifted = SimpleNamespace(name="tiny-v2", model=SimpleNamespace(logit_shift=1))
     with pytest.raises(UserError, match="from the one before it"):
         refuse_editing(shifted, causal=True)
+
+
+def test_view_shows_an_edit_in_its_own_colour():
+    """The live canvas writes an edited token over the old one and colours it apart from commits."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from fastdllm.terminal.view import EDIT_STYLE, LiveCanvas
+
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: f"<{ids[0]}>")
+    view = LiveCanvas(Console(file=StringIO(), width=80), tokenizer, "h", gen_len=4, block_len=4, stops=(0,))
+    positions, no = torch.tensor([[0, 1, 2, 3]]), torch.zeros(1, 4, dtype=torch.bool)
+    step = {"block": 0, "span": (0, 4), "positions": positions, "confidences": torch.full((1, 4), 0.95)}
+    view.update(StepEvent(step=0, nfe=1, tokens=torch.tensor([[7, 8, 9, 9]]), committed=torch.tensor([[1, 1, 0, 0]]).bool(),
+                          edited=no, **step))
+    view.update(StepEvent(step=1, nfe=2, tokens=torch.tensor([[5, 8, 9, 9]]), committed=torch.tensor([[0, 0, 1, 0]]).bool(),
+                          edited=torch.tensor([[1, 0, 0, 0]]).bool(), **step))
+    body = view.render().renderables[1]
+    styles = {body.plain[s.start:s.end]: str(s.style) for s in body.spans}
+    assert view.tokens[:3] == [5, 8, 9] and styles["<5>"] == EDIT_STYLE and styles["<9>"] != EDIT_STYLE
+    assert view.edits == 1 and view.committed == 3
+    assert "1 edits" in view.frame(body, 1).renderables[2].plain
+
+
+def test_profiles_and_the_cli(models):
+    """The model card's two modes as profiles; `generate --json` counts edits; the flags set them."""
+    import json
+
+    from test_blockdiff import cli
+
+    from fastdllm.decode import profiles
+
+    quality, speed = (profiles.resolve(profiles.find(n), {}) for n in ("llada2-quality", "llada2-speed"))
+    assert (quality.threshold, quality.edit_threshold, speed.threshold, speed.edit_threshold) == (0.7, 0.5, 0.5, 0.0)
+    assert quality.max_post_steps == speed.max_post_steps == 16 and quality.block_len == speed.block_len == 32
+    assert quality.rule == speed.rule == "dynamic" and quality.steps_per_block == 32    # at least one per step
+    lm, _ = models["llada2"]
+    record = json.loads(cli("generate", "-m", lm.path, "-P", "llada2-speed", "--json", "-n", "64", "--no-early-stop",
+                            "--raw", "def f(x):").stdout)
+    assert record["config"]["edit_threshold"] == 0.0 and record["edits"] > 0
+    record = json.loads(cli("generate", "-m", lm.path, "--edit-threshold", "0.9", "--max-post-steps", "2", "--json",
+                            "-n", "32", "--raw", "def f(x):").stdout)
+    assert (record["config"]["edit_threshold"], record["config"]["max_post_steps"]) == (0.9, 2)
+
+
+def test_serve_takes_editing_per_request(models):
+    """The request's `fastdllm` object (or a profile named there) turns editing on; the scheduler
+    decodes each editing job as alone and counts its edits."""
+    import threading
+
+    from fastdllm.serve.jobs import Finished, Job
+    from fastdllm.serve.protocol import Server, prepare_completion
+    from fastdllm.serve.scheduler import Scheduler
+
+    lm, _ = models["llada2"]
+    server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})
+    body = {"model": lm.path.name, "prompt": prompt_of(9), "max_tokens": 64}
+    assert prepare_completion(body, server).cfg.edit_threshold is None
+    assert prepare_completion({**body, "fastdllm": {"profile": "llada2-quality"}}, server).cfg.edit_threshold == 0.5
+    cfg = prepare_completion({**body, "fastdllm": {"edit_threshold": 0.0, "max_post_steps": 4, "threshold": 0.5,
+                                                   "early_stop": False}}, server).cfg
+    assert (cfg.edit_threshold, cfg.max_post_steps) == (0.0, 4)
+    done, got = threading.Semaphore(0), {}
+    sched = Scheduler(lm.decoder, max_batch=4)
+    prompts = {f"r{n}": prompt_of(n) for n in (9, 33, 40)}
+    for name, prompt in prompts.items():
+        sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
+                         (got.__setitem__(n, u), done.release())))
+    sched.start()
+    for _ in prompts:
+        assert done.acquire(timeout=120)
+    sched.shutdown(10)
+    for name, prompt in prompts.items():
+        alone = run(lm.decoder, [prompt], cfg)
+        assert got[name].ids == alone.ids[0] and got[name].edits == alone.edits > 0
+
+
+def test_bench_rows(models):
+    """LLaDA2 models get the editing modes beside the same thresholds without editing."""
+    from fastdllm.bench.cases import Sweep, expand, pick_rows, table_for
+    from fastdllm.decode.rules import rule_fields, rule_text
+
+    lm, _ = models["llada2"]
+    table = table_for(lm.path)
+    cases = {c.name: c.cfg for c in expand(pick_rows(["edit-quality", "quality-no-edit", "edit-speed"], table=table),
+                                          Sweep(gen_len=(64,)), lm.path)}
+    assert (cases["edit-quality"].edit_threshold, cases["edit-speed"].edit_threshold) == (0.5, 0.0)
+    assert cases["quality-no-edit"] == replace(cases["edit-quality"], edit_threshold=None)
+    assert rule_text(rule_fields(cases["edit-quality"])) == "d=0.7 e>0.5"
+    assert "edit-quality" not in table_for(None)

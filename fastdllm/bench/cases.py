@@ -42,15 +42,34 @@ RENOISE_CONFIGS = {row.name: row for row in [
     Row("fewer-steps", {"denoise_steps": 16}, "at most 16 denoising steps per canvas"),
     Row("looser-bound", {"entropy_bound": 0.5}, "entropy bound 0.5: more positions kept at every step"),
 ]}
+# LLaDA2.1 (its model card's modes, docs/llada2-editing.md): token editing against the same commit
+# thresholds without it, over the prefix cache (exact: block-causal)
+def _mode(threshold: float, edit: float | None) -> dict:
+    return {"cache": "prefix", "rule": "dynamic", "threshold": threshold, "steps": "none",
+            **({"edit_threshold": edit, "max_post_steps": 16} if edit is not None else {})}
+
+
+EDIT_CONFIGS = {row.name: row for row in [
+    Row("quality-no-edit", _mode(0.7, None), "PrefixCache, masks above 0.7 committed (at least one a step), no editing"),
+    Row("edit-quality", _mode(0.7, 0.5), "the model card's Quality mode: as quality-no-edit, and written tokens of the "
+                                         "block edited above 0.5, up to 16 edit-only rounds"),
+    Row("speed-no-edit", _mode(0.5, None), "PrefixCache, masks above 0.5 committed (at least one a step), no editing"),
+    Row("edit-speed", _mode(0.5, 0.0), "the model card's Speed mode: as speed-no-edit, and every changed prediction "
+                                       "of a written token edited, up to 16 edit-only rounds"),
+]}
+EDITING_PROFILES = ("llada2",)      # families whose checkpoints decode with token editing (their default profile)
 BASELINE = "baseline"
 
 
 def table_for(model_dir: Path | None) -> dict[str, Row]:
-    """The rows that fit the model: the renoising sampler's, or the cache and rule rows."""
-    from ..decode.profiles import model_defaults
+    """The rows that fit the model: the renoising sampler's, or the cache and rule rows (and, for
+    LLaDA2.x, the token-editing modes beside the same thresholds without editing)."""
+    from ..decode.profiles import default_profile_for, model_defaults
 
     rule = model_defaults(model_dir).get("rule", "threshold")
-    return RENOISE_CONFIGS if RULES[rule].renoise else CONFIGS
+    if RULES[rule].renoise:
+        return RENOISE_CONFIGS
+    return {**CONFIGS, **EDIT_CONFIGS} if default_profile_for(model_dir) in EDITING_PROFILES else CONFIGS
 
 
 @dataclass(frozen=True)

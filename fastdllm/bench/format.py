@@ -55,6 +55,7 @@ COLUMNS = [
     ("tok/s", _speed, False),
     ("speedup", lambda r: None if r["speedup"] is None else f"{r['speedup']:.2f}x", False),
     ("NFE", lambda r: str(r["nfe"]), False),
+    ("edits/block", lambda r: None if r.get("edits_per_block") is None else f"{r['edits_per_block']:.1f}", False),
     ("tok/fwd", lambda r: f"{r['tokens_per_forward']:.2f}", False),
     ("same tok", lambda r: None if r["agreement_tokens"] is None else _pct(r["agreement_tokens"]), False),
     ("same ans", lambda r: None if r["agreement_answers"] is None else _pct(r["agreement_answers"]), False),

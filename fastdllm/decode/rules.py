@@ -114,19 +114,21 @@ RULES: dict[str, Rule] = {r.name: r for r in [
 def describe(cfg) -> str:
     """The rule of `cfg` with its parameter, for headers: 'threshold 0.9'."""
     rule = RULES[cfg.rule]
-    return rule.label(rule.value(cfg), cfg.gen_len)
+    edits = getattr(cfg, "edit_threshold", None)
+    return rule.label(rule.value(cfg), cfg.gen_len) + (f", editing > {edits:g}" if edits is not None else "")
 
 
 def rule_fields(cfg) -> dict:
     """The rule and its parameter; every other rule's parameter is None (one column per parameter);
-    gen_len to read `steps` against."""
+    gen_len to read `steps` against; the token-editing threshold (None: no editing)."""
     rule = RULES[cfg.rule]
     params = dict.fromkeys(r.param for r in RULES.values() if r.param)
     return {"rule": cfg.rule, **{p: rule.value(cfg) if p == rule.param else None for p in params},
-            "gen_len": cfg.gen_len}
+            "gen_len": cfg.gen_len, "edit_threshold": cfg.edit_threshold}
 
 
 def rule_text(r: dict) -> str:
     """A record's rule as a table cell (Rule.short), from rule_fields' keys: 't=0.9'."""
     rule = RULES[r["rule"]]
-    return rule.short(r[rule.param], r["gen_len"])
+    edits = r.get("edit_threshold")
+    return rule.short(r[rule.param], r["gen_len"]) + (f" e>{edits:g}" if edits is not None else "")
