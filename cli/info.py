@@ -45,7 +45,5 @@ def info(
     for name, est in memory.items():
         rows.append((f"memory {name}", f"{human_bytes(est['total'])} = weights {human_bytes(est['weights'])} "
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
-    if details["not_quantizable"]:
-        rows.append(("memory 8/4-bit", f"not supported yet: {details['not_quantizable']}"))
     rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
     print_columns(rows)

@@ -2,7 +2,7 @@
 on this machine: a model with one sliding and one full-attention layer is built with random weights
 (the 26B checkpoint cannot be downloaded here, and 30 layers would not fit), each part is timed, and
 the 30 layers are added up (25 sliding, 5 full). Prints the step, the canvas (steps x step, plus the
-encoder pass that commits it) and the cost per committed token; on a GPU also the bound set by
+encoder pass that commits it), the cost per committed token and the memory at bf16/8-bit/4-bit; on a GPU also the bound set by
 reading every weight once per step (all 128 experts are hit by a 256-token canvas).
 
     python scripts/diffusion_gemma_cost.py                       # this CPU, bf16
@@ -19,12 +19,13 @@ import time
 
 import torch
 
-from fastdllm.models.diffusion_gemma import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+from fastdllm.checkpoints.info import memory_estimate, shape_summary
+from fastdllm.checkpoints.tiny_gemma import PUBLISHED_TEXT
+from fastdllm.models.diffusion_gemma import (
+    DiffusionGemmaConfig,
+    DiffusionGemmaForBlockDiffusion,
+)
 
-PUBLISHED = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
-                 sliding_window=1024, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
-                 final_logit_softcapping=30.0, max_position_embeddings=262144)
 LAYERS = {"sliding_attention": 25, "full_attention": 5}          # the published 30 layers (5:1)
 
 
@@ -41,15 +42,15 @@ def main() -> None:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     device = torch.device(args.device)
     torch.manual_seed(0)
-    config = DiffusionGemmaConfig(text_config=dict(PUBLISHED, num_hidden_layers=2, layer_types=list(LAYERS)),
+    config = DiffusionGemmaConfig(text_config=dict(PUBLISHED_TEXT, num_hidden_layers=2, layer_types=list(LAYERS)),
                                   canvas_length=args.canvas)
     with torch.device(device):
         model = DiffusionGemmaForBlockDiffusion(config).to(dtype).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.02) if param.ndim >= 2 else param.fill_(1.0)
-    prompt = torch.randint(0, PUBLISHED["vocab_size"], (1, args.prompt), device=device)
-    canvas = torch.randint(0, PUBLISHED["vocab_size"], (1, args.canvas), device=device)
+    prompt = torch.randint(0, PUBLISHED_TEXT["vocab_size"], (1, args.prompt), device=device)
+    canvas = torch.randint(0, PUBLISHED_TEXT["vocab_size"], (1, args.canvas), device=device)
     times: dict[str, list[float]] = {}
     hooks = _time_layers(model, times, device)
     with torch.inference_mode():
@@ -116,6 +117,18 @@ def report(args, config, model, times, device) -> None:
         print(f"  weight-read bound per step at {args.bandwidth:g} GB/s: {bound * 1e3:.1f} ms "
               f"(step / bound = {step / bound:.1f}x)")
     print("  CUDA graphs: not used for this family (its expert routing sizes matmuls on the host)")
+    memory(args)
+
+
+def memory(args) -> None:
+    """`fastdllm info`'s estimate at the published shape (30 layers built on the meta device)."""
+    config = DiffusionGemmaConfig(text_config=PUBLISHED_TEXT, canvas_length=args.canvas)
+    with torch.device("meta"):
+        shapes = {n: tuple(t.shape) for n, t in DiffusionGemmaForBlockDiffusion(config).state_dict().items()}
+    tokens = args.prompt + args.canvas
+    for precision, est in memory_estimate(shape_summary(shapes, config), tokens).items():
+        print(f"  memory {precision}: {est['total'] / 2**30:.1f} GiB (weights {est['weights'] / 2**30:.1f} GiB "
+              f"+ cache {est['cache'] / 2**20:.0f} MiB for {tokens} tokens)")
 
 
 if __name__ == "__main__":

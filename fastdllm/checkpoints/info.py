@@ -34,27 +34,36 @@ def inspect_checkpoint(path: Path) -> dict:
                 dtypes[piece.get_dtype()] += prod(shapes[name])
     tokenizer = load_tokenizer(path)
     specials = special_tokens(raw, tokenizer, path, model_cls)
+    return {
+        "path": str(path), "family": raw["model_type"], "architectures": raw.get("architectures", []),
+        **shape_summary(shapes, config),
+        "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
+        "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),
+        "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+        "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
+        "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
+        "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+    }
+
+
+def shape_summary(shapes: dict, config) -> dict:
+    """What memory_estimate reads, from tensor shapes: a checkpoint's headers, or a model of a
+    published shape built on the meta device (scripts)."""
     # kv_heads * head_dim summed over the layers: the k projections' rows (DiffusionGemma's layer
     # kinds differ), or from the config where q/k/v are one matrix (LLaDA2)
     kv_rows = sum(s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")) \
         or config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-    # the matrices bitsandbytes quantizes: the blocks' nn.Linear weights (not the MoE routers)
+    # the matrices 8/4-bit quantizes: the blocks' nn.Linear weights and packed 3-D experts
+    # (checkpoints/packed_experts.py), not the MoE routers
     in_blocks = sum(prod(s) for n, s in shapes.items()
-                    if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))
+                    if len(s) in (2, 3) and (".blocks." in n or ".layers." in n) and not is_router(n))
     parameters = sum(prod(s) for s in shapes.values())
-    return {
-        "path": str(path), "family": raw["model_type"], "architectures": raw.get("architectures", []),
-        "parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
-        "block_matrix_parameters": in_blocks,
-        "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
-        "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),
-        "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-        "kv_bytes_per_token_bf16": 2 * kv_rows * 2,
-        "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
-        "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
-        "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-        "not_quantizable": getattr(model_cls, "not_quantizable", None),
-    }
+    return {"parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
+            "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * kv_rows * 2}
+
+
+def is_router(name: str) -> bool:
+    return name.endswith(("mlp.gate.weight", "router.proj.weight"))
 
 
 def idle_expert_parameters(shapes: dict, config) -> int:
@@ -78,6 +87,4 @@ def memory_estimate(info: dict, canvas_tokens: int) -> dict[str, dict[str, int]]
                "8bit": info["block_matrix_parameters"] * 1 + rest * 2,
                "4bit": int(info["block_matrix_parameters"] * (0.5 + 4 / 64)) + rest * 2}
     cache = info["kv_bytes_per_token_bf16"] * canvas_tokens
-    if info.get("not_quantizable"):                 # bf16 only: --quantize refuses this family
-        weights = {"bf16": weights["bf16"]}
     return {k: {"weights": w, "cache": cache, "total": w + cache} for k, w in weights.items()}

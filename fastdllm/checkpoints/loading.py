@@ -16,6 +16,7 @@ import torch
 
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
+from .packed_experts import load_experts_apart
 from .placement import placement_error, quantization_config, torch_placement
 
 _PROBE = "fastdllm-end-of-turn-probe"
@@ -130,14 +131,17 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     # configs name flex_attention) is not transformers' business here
     kwargs = {"dtype": torch_dtype, "device_map": device_map, "attn_implementation": "eager"}
     if quantize != "none":
-        if reason := getattr(model_cls, "not_quantizable", None):
-            raise UserError(f"--quantize {quantize}: not supported for {raw['model_type']} yet: {reason}")
-        kwargs["quantization_config"] = quantization_config(quantize, torch_dtype)
+        kwargs["quantization_config"] = quantization_config(quantize, torch_dtype,
+                                                            skip=getattr(model_cls, "quantize_skip", None))
+        # experts packed in 3-D tensors (DiffusionGemma): per-expert linears, filled after the rest
+        config.experts_apart = hasattr(model_cls, "packed_experts")
     from safetensors import SafetensorError
 
     try:
         model, report = model_cls.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
         model_cls.check_loaded(report)
+        if getattr(config, "experts_apart", False):
+            load_experts_apart(model, path, kwargs["quantization_config"])
         model.eval().prepare_for_inference(pack=pack_weights)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e

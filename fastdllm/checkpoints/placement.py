@@ -39,8 +39,9 @@ def torch_placement(dtype: str, device: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[dtype], device_map
 
 
-def quantization_config(quantize: str, compute_dtype):
-    """--quantize 8bit / 4bit -> transformers' BitsAndBytesConfig (nf4, computing in the model dtype)."""
+def quantization_config(quantize: str, compute_dtype, skip: tuple[str, ...] | None = None):
+    """--quantize 8bit / 4bit -> transformers' BitsAndBytesConfig (nf4, computing in the model dtype).
+    `skip`: module names kept unquantized (a family's router); None: transformers' default choice."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -50,5 +51,6 @@ def quantization_config(quantize: str, compute_dtype):
     if quantize == "8bit":
         # bitsandbytes logs on every 8-bit matmul that it computes in fp16: said once, here
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=list(skip) if skip else None)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4",
+                              llm_int8_skip_modules=list(skip) if skip else None)

@@ -25,6 +25,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIAL_IDS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 50: "<|tool_response>", 98: "<|think|>",
                100: "<|channel>", 101: "<channel|>", 105: "<|turn>", 106: "<turn|>"}
+# google/diffusiongemma-26B-A4B-it's text_config sizes (docs/diffusion-gemma.md §1): 30 layers, 5 sliding to 1 full
+PUBLISHED_TEXT = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
+                      num_global_key_value_heads=2, sliding_window=1024, num_experts=128, top_k_experts=8,
+                      moe_intermediate_size=704, final_logit_softcapping=30.0, max_position_embeddings=262144)
 GENERATION = {"bos_token_id": 2, "eos_token_id": [1, 106, 50], "max_denoising_steps": 48, "max_new_tokens": 256,
               "pad_token_id": 0, "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
               "confidence_threshold": 0.005, "stability_threshold": 1, "t_max": 0.8, "t_min": 0.4}

@@ -94,9 +94,12 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     sampler = "renoise"                 # decode/renoise.py decodes it, not the mask loop
     uses_mask = False                   # its `<mask>` (id 4) is never used: the canvas is noise, not masks
     cuda_graphs = False                 # the MoE routing sizes its matmuls on the host
-    # bitsandbytes quantizes nn.Linear modules; the published experts are 3-D tensors it would leave
-    # at full size (most of the weights), so 8/4-bit is refused rather than half done
-    not_quantizable = "its experts are packed 3-D tensors, which bitsandbytes does not quantize"
+    # 8/4-bit: bitsandbytes quantizes nn.Linear modules, and the published experts (90% of the
+    # weights) are 3-D tensors: a quantized model holds them as per-expert linears (ExpertLinears),
+    # read from the shards apart (checkpoints/packed_experts.py). The router is not quantized: it
+    # decides everything and is small (as in the other MoE families).
+    packed_experts = r"\.experts\.(gate_up_proj|down_proj)$"
+    quantize_skip = ("router.proj",)
 
     def __init__(self, config: DiffusionGemmaConfig):
         super().__init__(config)
@@ -120,6 +123,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
             dim = c.head_dim_of(c.layer_types.index(kind)) if kind in c.layer_types else c.head_dim
             fraction = rope.get("partial_rotary_factor", 1.0) if rope["rope_type"] == "proportional" else None
             self.inv_freq[kind] = inv_frequencies(dim, rope["rope_theta"], fraction)
+        if getattr(c, "experts_apart", False):          # read by checkpoints/packed_experts.py instead
+            self._keys_to_ignore_on_load_unexpected = [*self._keys_to_ignore_on_load_unexpected, self.packed_experts]
         self.post_init()
 
     @property

@@ -134,6 +134,12 @@ class PackedExperts(nn.Module):
         return expert
 
 
+class ExpertLinears(nn.ModuleList):
+    """The layout 8/4-bit runs: expert e as a GeGLU of three nn.Linear (`e.gate_proj`, `e.up_proj`,
+    `e.down_proj`), which bitsandbytes quantizes; it leaves 3-D tensors at full size. Built empty:
+    checkpoints/packed_experts.py fills it from the published tensors, one expert at a time."""
+
+
 class GemmaLayer(nn.Module):
     """Attention, then the dense GeGLU and the routed experts side by side, each with its norms:
     h = x + post_attn(attn(in(x))); y = post_1(mlp(pre(h))) + post_2(experts(pre_2(h), router(h)));
@@ -147,7 +153,8 @@ class GemmaLayer(nn.Module):
                                         with_values=not full)
         self.mlp = GeGLU(d, c.intermediate_size)
         self.router = GemmaRouter(d, c.num_experts, c.top_k_experts, eps)
-        self.experts = PackedExperts(d, c.moe_intermediate_size, c.num_experts)
+        self.experts = ExpertLinears() if getattr(c, "experts_apart", False) else \
+            PackedExperts(d, c.moe_intermediate_size, c.num_experts)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                      "pre_feedforward_layernorm_2"):
