@@ -258,3 +258,19 @@ def test_bench_rows(models):
     assert cases["quality-no-edit"] == replace(cases["edit-quality"], edit_threshold=None)
     assert rule_text(rule_fields(cases["edit-quality"])) == "d=0.7 e>0.5"
     assert "edit-quality" not in table_for(None)
+
+
+def test_bench_counts_edits_per_block(models):
+    """The edits/block column: written tokens overwritten per block (random weights edit a lot);
+    None for a row without editing."""
+    import json
+
+    from test_blockdiff import cli
+
+    lm, _ = models["llada2"]
+    r = cli("bench", "-m", lm.path, "--dtype", "fp64", "-n", "64", "--n-prompts", "1", "--warmup", "0",
+            "-c", "edit-speed,speed-no-edit", "--no-early-stop", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
+    assert records["speed-no-edit"]["edits_per_block"] is None
+    assert records["edit-speed"]["edits_per_block"] > 0

@@ -92,6 +92,9 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         "speedup": None,
         "nfe": sum(r.nfe for r in first),                 # forwards for the whole prompt set
         "tokens_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
+        # token editing: written tokens overwritten, per block of each row
+        "edits_per_block": round(sum(r.edits for r in first) / max(sum(r.blocks_decoded * r.batch for r in first), 1), 2)
+        if cfg.edit_threshold is not None else None,
         "agreement_tokens": None, "agreement_answers": None,
         "quality": _round(prompt_set.quality(texts)), "quality_metric": prompt_set.quality_metric,
         "generated_tokens": sum(r.generated_tokens for r in first),
