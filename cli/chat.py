@@ -30,14 +30,17 @@ def say(text: str, style: str | None = None) -> None:
 @generation_options
 def chat(
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the conversation.")] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="The chat template's thinking mode, where it has one (Gemma-4: enable_thinking; default: the template's, off); thoughts are not shown.")] = None,
     *, opts: RunOptions,
 ):
     """Chat with a model, turn by turn (/? lists the commands; piped lines are messages, for scripts)."""
     from fastdllm.terminal.chat import Session, is_command, read_message
 
     lm, profile, cfg = prepare(opts)
+    if think is not None and not lm.has_chat_template:
+        raise UserError(f"--think/--no-think switch the chat template's thinking: {lm.path.name} has no chat template")
     session = Session(cfg, profile, flags={k: v for k, v in opts.decode.items() if v is not None},
-                      model_dir=lm.path, system=system, model_info=lm.info)
+                      model_dir=lm.path, system=system, model_info=lm.info, thinking=think)
     interactive = is_terminal(sys.stdin)
     live = interactive and is_terminal(sys.stdout) and err_console.is_terminal
     if interactive:
@@ -95,7 +98,8 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> N
     from fastdllm.terminal.view import stats_line
 
     if lm.has_chat_template:
-        encode = lambda h: lm.encode(message, chat=True, system=session.system, history=h)   # noqa: E731
+        encode = lambda h: lm.encode(message, chat=True, system=session.system, history=h,   # noqa: E731
+                                   thinking=session.thinking)
     else:
         encode = lambda h: lm.encode(plain_transcript(session.system, h, message), chat=False)   # noqa: E731
     ids, history, dropped = fit_history(history, encode, cfg.gen_len, lm.context_length)

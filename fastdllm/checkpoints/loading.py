@@ -18,6 +18,7 @@ from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .packed_experts import load_experts_apart
 from .placement import placement_error, quantization_config, torch_placement
+from .thinking import thought_markers, without_thought
 
 _PROBE = "fastdllm-end-of-turn-probe"
 
@@ -34,6 +35,7 @@ class LoadedModel:
     quantize: str
     load_seconds: float
     info: dict = field(default_factory=dict)
+    thought: tuple[int, int] | None = None      # the template's thought-channel ids (thinking.py)
 
     @property
     def device(self) -> torch.device:
@@ -45,7 +47,8 @@ class LoadedModel:
         return Decoder(self.model, self.specials, self.detokenize, self.context_length, self.path.name)
 
     def detokenize(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The answer's text: special tokens and any thought span left out."""
+        return self.tokenizer.decode(without_thought(ids, self.thought), skip_special_tokens=True)
 
     @property
     def has_chat_template(self) -> bool:
@@ -147,7 +150,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
     specials = special_tokens(raw, tokenizer, path, model_cls)
     loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
-                         torch_dtype, quantize, time.perf_counter() - start)
+                         torch_dtype, quantize, time.perf_counter() - start, thought=thought_markers(tokenizer))
     loaded.info = describe(loaded)
     return loaded
 

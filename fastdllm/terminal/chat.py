@@ -52,6 +52,7 @@ class Session:
     flags: dict[str, Any] = field(default_factory=dict)      # decoding flags given on the command line
     model_dir: Path | None = None
     system: str | None = None
+    thinking: bool | None = None                              # the template's thinking switch (None: its default)
     messages: list[dict] = field(default_factory=list)       # {"role": "user" | "assistant", "content"}
     overrides: dict[str, Any] = field(default_factory=dict)  # /set values, applied over profile and flags
     model_info: dict = field(default_factory=dict)
