@@ -1,5 +1,7 @@
-"""The thought channel (Gemma-4's `<|channel>thought ... <channel|>`): left out of the answer's text
-(ids unchanged); families without it untouched; `chat --think` switches the template's thinking."""
+"""The thought span (Gemma-4's `<|channel>thought ... <channel|>`, Qwen3's `<think> ... </think>`):
+left out of the answer's text (ids unchanged); families without markers untouched; `--think`
+switches the template's thinking, and pre-fills `<think>` where the switch alone changes nothing
+(TraDo-Thinking's prompt); `chat --think` too."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ def gemma(tmp_path_factory):
     ([5, OPEN, 7, 8, CLOSE, 9], [5, 9]),                 # a thought between text
     ([OPEN, 7, CLOSE, 8, OPEN, 9, CLOSE], [8]),          # two thoughts
     ([5, OPEN, 7, 8], [5]),                              # still thinking when the canvas ended
-    ([5, CLOSE, 9], [5, CLOSE, 9]),                      # a close without an open is left as it is
+    ([5, 6, CLOSE, 9], [9]),                             # the prompt opened the thought (a prefill)
+    ([5, 6], [5, 6]),                                    # no thought
 ])
 def test_without_thought(ids, kept):
     assert without_thought(ids, (OPEN, CLOSE)) == kept
@@ -56,3 +59,19 @@ def test_chat_think_switches_the_template(gemma, monkeypatch):
         r = invoke("-m", gemma.path, "-n", "16", *([flag] if flag else []), input="hi\n")
         assert r.exit_code == 0, r.output
         assert seen and set(seen) == {thinking}
+
+
+def test_qwen3_think_prefills_an_opened_thought(tmp_path):
+    """SDAR's Qwen3 template: thinking on changes nothing in the prompt (the model's choice), so
+    `--think` opens the thought itself, as TraDo-8B-Thinking is prompted; `--no-think` is the
+    template's empty thought; the answer's text starts after the thought's close."""
+    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+
+    lm = loading.load(write_sdar(tmp_path / "sdar"), dtype="fp32")
+    think, close = lm.tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    assert lm.thought == (think, close)
+    text = lm.tokenizer.decode
+    assert text(lm.encode("hi", thinking=True)) == text(lm.encode("hi")) + "<think>\n"
+    assert text(lm.encode("hi", thinking=False)).endswith("<think>\n\n</think>\n\n")
+    answer = lm.tokenizer("I should greet.</think>\n\nHello!", add_special_tokens=False)["input_ids"]
+    assert close in answer and lm.detokenize(answer) == "\n\nHello!"

@@ -18,7 +18,7 @@ from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .packed_experts import load_experts_apart
 from .placement import placement_error, quantization_config, torch_placement
-from .thinking import thought_markers, without_thought
+from .thinking import thought_markers, thought_prefill, without_thought
 
 _PROBE = "fastdllm-end-of-turn-probe"
 
@@ -74,6 +74,8 @@ class LoadedModel:
         assistant's answer; the template writes the special tokens, so the tokenizer adds none."""
         switch = {} if thinking is None else {"enable_thinking": thinking}
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
+        if thinking and text == self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False):
+            text += thought_prefill(self.thought, self.tokenizer)       # the switch alone changes nothing
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

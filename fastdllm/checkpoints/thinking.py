@@ -1,30 +1,44 @@
-"""A chat template's thought channel (Gemma-4: `<|channel>thought\n...<channel|>`): the model's
-thinking, written before its answer when the template's thinking is on. It is not the answer: the
-text fastdllm shows, returns, serves and scores leaves it out (the ids keep it). A thought still
-open when the canvas ends hides the rest: it is thinking that never reached an answer."""
+"""A chat template's thought span: Gemma-4's `<|channel>thought ... <channel|>`, Qwen3's (SDAR,
+TraDo) `<think> ... </think>`. It is the model's thinking, written before its answer; it is not
+the answer: the text fastdllm shows, returns, serves and scores leaves it out (the ids keep it).
+
+`--think` switches the template's thinking on. Where that changes nothing in the prompt (Qwen3's
+template: thinking is on by default and left to the model), the answer starts inside an opened
+thought, `<think>\\n`, as TraDo-8B-Thinking's authors prompt it (`start_with_think`)."""
 
 from __future__ import annotations
 
-MARKERS = ("<|channel>", "<channel|>")      # Gemma-4's channel open and close tokens
+MARKER_PAIRS = (("<|channel>", "<channel|>"), ("<think>", "</think>"))   # (open, close), single tokens
 
 
 def thought_markers(tokenizer) -> tuple[int, int] | None:
-    """The (open, close) ids where the tokenizer has both channel tokens as special tokens, else None."""
-    vocab, special = tokenizer.get_vocab(), set(getattr(tokenizer, "added_tokens_decoder", {}))
-    ids = tuple(vocab.get(m) for m in MARKERS)
-    return ids if all(i is not None and i in special for i in ids) else None
+    """The (open, close) ids of the first marker pair the tokenizer has as added tokens, else None."""
+    vocab, added = tokenizer.get_vocab(), set(getattr(tokenizer, "added_tokens_decoder", {}))
+    for pair in MARKER_PAIRS:
+        ids = tuple(vocab.get(m) for m in pair)
+        if all(i is not None and i in added for i in ids):
+            return ids
+    return None
 
 
 def without_thought(ids: list[int], markers: tuple[int, int] | None) -> list[int]:
-    """ids minus every span from an open marker through its close marker (to the end if unclosed)."""
-    if markers is None or markers[0] not in ids:
+    """ids minus every thought: each span from an open marker through its close (to the end if
+    unclosed), and everything before a close that has no open (the prompt opened that thought)."""
+    if markers is None or not set(markers) & set(ids):
         return ids
+    open_id, close_id = markers
     kept, inside = [], False
     for token in ids:
-        if token == markers[0]:
+        if token == open_id:
             inside = True
-        elif token == markers[1] and inside:
+        elif token == close_id:
+            kept = kept if inside else []          # a close without an open: all before it was thought
             inside = False
         elif not inside:
             kept.append(token)
     return kept
+
+
+def thought_prefill(markers: tuple[int, int] | None, tokenizer) -> str:
+    """The text that opens a thought at the start of the answer ('' without markers)."""
+    return "" if markers is None else tokenizer.convert_ids_to_tokens(markers[0]) + "\n"
