@@ -14,10 +14,12 @@ from fastdllm.checkpoints.tiny_moe import (
     write_llada2_moe,
     write_llada_moe,
 )
+from fastdllm.checkpoints.tiny_sdar_moe import write_sdar_moe
 from fastdllm.models.moe import SparseMoE
 
 # name -> (model_type of the published config, tiny checkpoint writer: tokenizer and special tokens only)
-SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe)}
+SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe),
+          "sdar-30b-a3b": ("sdar_moe", write_sdar_moe)}
 
 
 # --- shapes ----------------------------------------------------------------------------------------
@@ -40,6 +42,17 @@ def active_width(raw: dict) -> int:
     return raw["num_experts_per_tok"] * expert_width(raw) + shared_width(raw)
 
 
+def dense_layers(raw: dict) -> int:
+    """How many of the published layers are dense."""
+    L = raw["num_hidden_layers"]
+    if raw["model_type"] == "llada2_moe":
+        return raw["first_k_dense_replace"]
+    if raw["model_type"] == "sdar_moe":                                  # Qwen3-MoE's rule
+        only = set(raw.get("mlp_only_layers") or [])
+        return sum(1 for i in range(L) if i in only or (i + 1) % raw["decoder_sparse_step"])
+    return sum(1 for f in raw["moe_layer_freq"][:L] if not f)
+
+
 def moe_config(raw: dict, layers: int, experts: int) -> dict:
     """The published config with `layers` MoE layers and `experts` routed experts per layer."""
     c = dict(raw, num_hidden_layers=layers, num_experts=experts)
@@ -47,6 +60,8 @@ def moe_config(raw: dict, layers: int, experts: int) -> dict:
         c["first_k_dense_replace"] = 0
         if experts % raw["n_group"] or experts // raw["n_group"] < 2:     # groups must still split E
             c["n_group"] = c["topk_group"] = 1
+    elif raw["model_type"] == "sdar_moe":
+        c.update(decoder_sparse_step=1, mlp_only_layers=[])
     else:
         c["moe_layer_freq"] = [1] * layers
     return c
@@ -57,6 +72,8 @@ def dense_config(raw: dict, layers: int) -> dict:
     c = dict(raw, num_hidden_layers=layers)
     if raw["model_type"] == "llada2_moe":
         c.update(first_k_dense_replace=layers, intermediate_size=active_width(raw))
+    elif raw["model_type"] == "sdar_moe":
+        c.update(mlp_only_layers=list(range(layers)), intermediate_size=active_width(raw))
     else:
         c.update(moe_layer_freq=[0] * layers, dense_intermediate_size=active_width(raw),
                  shared_expert_intermediate_size=None)

@@ -5,16 +5,18 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
     python scripts/moe_speed.py                                    # CPU, fp32: LLaDA2-mini per layer, 2 layers
     python scripts/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
     python scripts/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
+    python scripts/moe_speed.py --shapes sdar-30b-a3b --block 4 --masked 0.75   # SDAR's blocks of 4
 
 1. Per-step cost. The published config (fastdllm/checkpoints/published/<family>/config.json) with only
    `--layers` (every one a MoE layer: the published dense layer 0 is left out, so the figures are
    per MoE layer) and `--experts` changed, built in memory with random weights (std 0.02), against
    a dense model of the same class, layers and attention whose MLP width is the active expert width
-   (LLaDA2-mini: 8 x 512 + 1 shared x 512 = 4608; LLaDA-MoE: 8 x 1024 = 8192), so that both have the
-   same parameters per token. A step is what decoding runs inside a block: `forward_span` over one
-   block of `--block` tokens (half of them masks by default) against a cache holding `--prefix`
-   tokens before it, logits at the block's masked positions; block-causal for LLaDA2 (its prefix-cache
-   step), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step). Fewer experts
+   (LLaDA2-mini: 8 x 512 + 1 shared x 512 = 4608; LLaDA-MoE: 8 x 1024 = 8192; SDAR-30B-A3B: 8 x 768
+   = 6144, no shared expert), so that both have the same parameters per token. A step is what
+   decoding runs inside a block: `forward_span` over one block of `--block` tokens (half of them
+   masks by default) against a cache holding `--prefix` tokens before it, logits at the block's
+   masked positions; block-causal for LLaDA2 and SDAR-30B-A3B (their prefix-cache step; SDAR's
+   blocks are 4 tokens: `--block 4`), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step). Fewer experts
    change nothing in the compute of one token, but they change how many distinct experts the
    block's tokens hit, and every expert hit is read once per step: that count (measured, and the
    expectation under uniform routing) is printed beside the cost. The MoE model is timed twice:
@@ -54,6 +56,7 @@ from moe_shapes import (  # scripts/moe_shapes.py
     active_parameters,
     active_width,
     dense_config,
+    dense_layers,
     expected_hits,
     expert_width,
     moe_config,
@@ -269,8 +272,7 @@ def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) 
         print("  - published depth: not estimated (needs --layers 2 or more: a full-span layer and the last)")
         return
     L = raw["num_hidden_layers"]
-    n_dense = raw["first_k_dense_replace"] if "first_k_dense_replace" in raw else \
-        sum(1 for f in raw["moe_layer_freq"][:L] if not f)
+    n_dense = dense_layers(raw)
     moe_full, dense_full = (statistics.median(r["layer_ms"][:-1]) for r in (moe, dense))
     est_moe = moe["ms"] - sum(moe["layer_ms"]) + n_dense * dense_full + (L - 1 - n_dense) * moe_full + moe["layer_ms"][-1]
     est_dense = dense["ms"] - sum(dense["layer_ms"]) + (L - 1) * dense_full + dense["layer_ms"][-1]

@@ -95,13 +95,17 @@ class NaiveQwen:
                 scores = scores.masked_fill(~allowed, -INF)
                 out[head] = torch.softmax(scores, -1) @ values[g]
             x = x + self.lin(out.transpose(0, 1).reshape(n, self.H * self.hd), p + "self_attn.o_proj")
-            h = self.rms(x, self.w[p + "post_attention_layernorm.weight"])
-            mlp = torch.nn.functional.silu(self.lin(h, p + "mlp.gate_proj")) * self.lin(h, p + "mlp.up_proj")
-            x = x + self.lin(mlp, p + "mlp.down_proj")
+            x = x + self.mlp(self.rms(x, self.w[p + "post_attention_layernorm.weight"]), i)
         x = self.rms(x, self.w["model.norm.weight"])
         if rows is not None:
             x = x[torch.tensor(list(rows), dtype=torch.long)]
         return x @ self.head.T, new
+
+    def mlp(self, h, layer):
+        """The dense SwiGLU of layer `layer` on h (n, d) (tests/reference_sdar_moe.py: the MoE one)."""
+        p = f"model.layers.{layer}.mlp."
+        return self.lin(torch.nn.functional.silu(self.lin(h, p + "gate_proj")) * self.lin(h, p + "up_proj"),
+                        p + "down_proj")
 
 
 def block_causal(q_positions, k_positions, granularity):

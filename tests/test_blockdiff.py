@@ -223,13 +223,13 @@ def test_bench_baseline_uses_the_family_block(sdar):
     assert rows[0]["tokens_per_forward"] < 1.0                  # one token per step, plus store passes
 
 
-def test_mixture_of_experts_families_are_named_as_not_yet_supported(tmp_path):
+def test_formats_not_supported_yet_are_named(tmp_path):
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llada2_moe_veomni"}))
     r = cli("generate", "-m", tmp_path, "hi")
-    assert r.exit_code == 1 and "SDAR-30B-A3B (mixture of experts) is not supported yet" in r.stderr
-    assert "sdar" in r.stderr and "Fast_dLLM_Qwen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.exit_code == 1 and "LLaDA2's training format" in r.stderr and "is not supported yet" in r.stderr
+    assert "sdar_moe" in r.stderr and "Fast_dLLM_Qwen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("quantize", ["8bit", "4bit"])

@@ -27,7 +27,8 @@ from safetensors.torch import save_file
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 # model_type -> the checkpoint whose config.json is kept under PUBLISHED (fastdllm/checkpoints/published/README.md)
-PUBLISHED_DIRS = {"llada2_moe": "LLaDA2.1-mini", "llada_moe": "LLaDA-MoE-7B-A1B-Instruct"}
+PUBLISHED_DIRS = {"llada2_moe": "LLaDA2.1-mini", "llada_moe": "LLaDA-MoE-7B-A1B-Instruct",
+                  "sdar_moe": "SDAR-30B-A3B-Chat"}            # its writer: tiny_sdar_moe.py
 BASE_TOKENIZER = Path(__file__).resolve().parent / "builtin" / "tiny-code" / "tokenizer.json"
 
 BASE_VOCAB = 4096                                   # tiny-code's BPE

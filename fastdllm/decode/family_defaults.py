@@ -38,6 +38,7 @@ FAMILY_DEFAULTS = {
     "diffusion_gemma": ("diffusion-gemma", _diffusion_gemma),
 }
 FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
+FAMILY_DEFAULTS["sdar_moe"] = FAMILY_DEFAULTS["sdar"]    # SDAR-30B-A3B decodes as dense SDAR (docs/sdar-moe.md)
 
 
 def _entry(config: dict):

@@ -13,6 +13,7 @@ from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2_moe import BailingMoeV2Config, LLaDA2MoeConfig, LLaDA2MoeModelLM
 from .llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
 from .sdar import SDARConfig, SDARForCausalLM
+from .sdar_moe import SDARMoeConfig, SDARMoeForCausalLM
 
 Family = tuple[type, type[DiffusionLM], tuple[str, ...]]   # config class, model class, `architectures` entries
 _LLADA2 = ("LLaDA2MoeModelLM",)
@@ -25,14 +26,14 @@ FAMILIES: dict[str, list[Family]] = {
     "Dream": [(DreamConfig, DreamModel, ("DreamModel",))],
     "Fast_dLLM_Qwen": [(FastDLLMQwenConfig, FastDLLMQwenForCausalLM, ("Fast_dLLM_QwenForCausalLM",))],
     "sdar": [(SDARConfig, SDARForCausalLM, ("SDARForCausalLM",))],
+    "sdar_moe": [(SDARMoeConfig, SDARMoeForCausalLM, ("SDARMoeForCausalLM",))],
     "llada2_moe": [(LLaDA2MoeConfig, LLaDA2MoeModelLM, _LLADA2)],
     "bailing_moe_v2": [(BailingMoeV2Config, LLaDA2MoeModelLM, _LLADA2)],
     "diffusion_gemma": [(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
                          ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))],
 }
 # Families people download that are not implemented yet: named in the error.
-NOT_YET = {"sdar_moe": "SDAR-30B-A3B (mixture of experts)",
-           "llada2_moe_veomni": "LLaDA2's training format (experts merged per layer; convert to the published one)"}
+NOT_YET = {"llada2_moe_veomni": "LLaDA2's training format (experts merged per layer; convert to the published one)"}
 
 for _type, _families in FAMILIES.items():
     # Registering our classes makes AutoConfig/AutoModel use them instead of the `auto_map` Python
@@ -46,5 +47,5 @@ for _type, _families in FAMILIES.items():
         if _model.config_class is _cfg:
             AutoModel.register(_cfg, _model, exist_ok=True)
 
-__all__ = ["FAMILIES", "NOT_YET", "DiffusionLM", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
-           "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "LLaDAMoEConfig", "LLaDAMoEModelLM"]
+__all__ = ["FAMILIES", "NOT_YET", "DiffusionLM", "DreamConfig", "DreamModel", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
+           "LLaDAConfig", "LLaDAMoEConfig", "LLaDAMoEModelLM", "LLaDAModelLM", "SDARMoeConfig", "SDARMoeForCausalLM"]

@@ -1,6 +1,7 @@
-"""The mixture-of-experts layer shared by LLaDA2.x (`llada2_moe`) and LLaDA-MoE (`llada` +
-`LLaDAMoEModelLM`): a router that picks k of E SwiGLU experts per token, the chosen experts'
-outputs weighted and summed, optionally plus always-on shared experts.
+"""The mixture-of-experts layer shared by LLaDA2.x (`llada2_moe`), LLaDA-MoE (`llada` +
+`LLaDAMoEModelLM`) and SDAR-30B-A3B (`sdar_moe`, Qwen3-MoE's MLP): a router that picks k of E
+SwiGLU experts per token, the chosen experts' outputs weighted and summed, optionally plus
+always-on shared experts.
 
 The router variants are data (`Routing`) plus one small function each (`ROUTERS`); the expert
 computation is one function for both: the (token, slot) choices are sorted by expert, each expert
@@ -10,7 +11,9 @@ never a dense evaluation of all E), and the weighted outputs are scattered back 
 Every expert keeps its own `gate_proj` / `up_proj` / `down_proj` nn.Linear under the published
 tensor names, so bitsandbytes quantizes them and accelerate places them with their layer. The
 router matrix is a plain parameter, not an nn.Linear: bitsandbytes leaves it alone (it is small and
-decides everything), and it always runs at fp32 or better, as both references do."""
+decides everything). Its matmul runs at fp32 or better, as the LLaDA references do, or in the
+activations' dtype where the family's authors do so (Qwen3-MoE: `Routing.model_dtype_logits`); the
+softmax / sigmoid and everything after it always at fp32 or better."""
 
 from __future__ import annotations
 
@@ -26,12 +29,14 @@ from .layers import at_least_fp32, fuse_linears, swiglu
 @dataclass(frozen=True)
 class Routing:
     """What a family's router does with the router logits; `score` names the ROUTERS entry."""
-    score: str                       # "sigmoid_grouped" (LLaDA2) | "softmax" (LLaDA-MoE, OLMoE-style)
+    score: str                       # "sigmoid_grouped" (LLaDA2) | "softmax" (LLaDA-MoE, OLMoE-style;
+                                     # Qwen3-MoE without norm_topk_prob) | "softmax_renorm" (Qwen3-MoE)
     experts: int                     # E
     top_k: int                       # k = num_experts_per_tok
     groups: int = 1                  # sigmoid_grouped: n_group (E/groups experts each)
     top_groups: int = 1              # sigmoid_grouped: topk_group (groups a token may choose from)
     scale: float = 1.0               # routed_scaling_factor
+    model_dtype_logits: bool = False   # router matmul in the activations' dtype (bf16 logits, Qwen3-MoE)
 
     def problems(self) -> list[str]:
         """Why this routing cannot work (empty when it can): the checks the references skip."""
@@ -78,7 +83,14 @@ def softmax_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
     return probs.topk(r.top_k, dim=-1)                                    # weights, experts (N, k)
 
 
-ROUTERS = {"sigmoid_grouped": sigmoid_grouped_topk, "softmax": softmax_topk}
+def softmax_topk_renorm(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
+    """Qwen3-MoE with `norm_topk_prob` (SDAR-30B-A3B, docs/sdar-moe.md §4): softmax over all experts,
+    the k largest, divided by their sum (no epsilon, as the authors), so a token's weights add up to 1."""
+    weights, experts = softmax_topk(logits, bias, r)                      # (N, k) each
+    return weights / weights.sum(-1, keepdim=True), experts
+
+
+ROUTERS = {"sigmoid_grouped": sigmoid_grouped_topk, "softmax": softmax_topk, "softmax_renorm": softmax_topk_renorm}
 
 
 class Router(nn.Module):
@@ -94,7 +106,10 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None):
         dtype = at_least_fp32(x.dtype)
-        logits = F.linear(x.to(dtype), self.weight.to(dtype))              # (N, E)
+        if self.routing.model_dtype_logits:                                # rounded to x's dtype, then widened
+            logits = F.linear(x, self.weight.to(x.dtype)).to(dtype)        # (N, E)
+        else:
+            logits = F.linear(x.to(dtype), self.weight.to(dtype))          # (N, E)
         bias = getattr(self, "expert_bias", bias)
         return ROUTERS[self.routing.score](logits, None if bias is None else bias.to(dtype), self.routing)
 

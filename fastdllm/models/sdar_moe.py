@@ -1,0 +1,93 @@
+"""SDAR-30B-A3B (JetLM/SDAR-30B-A3B-Chat, -Sci): `sdar_moe`, architecture `SDARMoeForCausalLM`
+(docs/sdar-moe.md). Dense SDAR's block-causal Qwen3 attention (sdar.py: per-head q_norm / k_norm,
+explicit head_dim, no bias, blocks of `block_size` or 4, mask `<|MASK|>` from the tokenizer, no logit
+shift) with Qwen3-MoE's MLP: a softmax router over `num_experts` experts, the top
+`num_experts_per_tok`, renormalised to sum 1 when `norm_topk_prob`, no shared expert (moe.py). A
+layer is sparse unless it is in `mlp_only_layers` or `(layer + 1) % decoder_sparse_step != 0`; a
+dense layer is a SwiGLU of `intermediate_size` (the published config has none)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import nn
+
+from .base import DecoderStack
+from .layers import RMSNorm, fuse_linears
+from .moe import Routing, SparseMoE, SwiGLU
+from .qwen import QwenAttention, attention_residual, head_dim_of
+from .sdar import SDARConfig, SDARForCausalLM
+
+# Used only where a config.json omits the key: the published SDAR-30B-A3B-Chat values for the sizes,
+# Qwen3-MoE's configuration class defaults for the switches (norm_topk_prob False, no dense layers).
+SDAR_MOE_DEFAULTS = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+                     "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0,
+                     "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                     "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": None}
+
+
+class SDARMoeConfig(SDARConfig):
+    model_type = "sdar_moe"
+    family_defaults = SDAR_MOE_DEFAULTS
+
+    @property
+    def routing(self) -> Routing:
+        # Qwen3-MoE (transformers, SGLang, JetEngine): the gate matmul in the model dtype, softmax at fp32
+        return Routing("softmax_renorm" if self.norm_topk_prob else "softmax", self.num_experts,
+                       self.num_experts_per_tok, model_dtype_logits=True)
+
+    def is_sparse(self, layer: int) -> bool:
+        return (layer not in (self.mlp_only_layers or []) and bool(self.num_experts)
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def malformed(self) -> list[str]:
+        if not isinstance(self.decoder_sparse_step, int) or self.decoder_sparse_step < 1:
+            return [f"decoder_sparse_step must be a positive integer, not {self.decoder_sparse_step!r}"]
+        only = self.mlp_only_layers
+        if only is not None and (not isinstance(only, list) or not all(isinstance(i, int) for i in only)):
+            return [f"mlp_only_layers must list layer numbers, not {only!r}"]
+        found = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            found.append(f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads "
+                         f"{self.num_attention_heads}")
+        if any(self.is_sparse(i) for i in range(self.num_hidden_layers)):
+            found += self.routing.problems()
+        return found
+
+
+class SDARMoeDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 attention, then the MoE (`mlp.gate`, `mlp.experts.{j}`) or a dense `mlp`."""
+
+    def __init__(self, cfg: SDARMoeConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim_of(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = QwenAttention(cfg, bias=False, qk_norm=True)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.is_sparse(layer):
+            self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.routing)
+        else:
+            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def fuse(self) -> None:
+        fuse_linears(self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj)
+        self.mlp.fuse()
+
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+        x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SDARMoeForCausalLM(DecoderStack):
+    config_class = SDARMoeConfig
+    _no_split_modules: ClassVar[list[str]] = ["SDARMoeDecoderLayer"]
+    mask_tokens = SDARForCausalLM.mask_tokens                   # no mask_token_id in the published config
+    attention = SDARForCausalLM.attention                       # block-causal, block_size or 4
+    published_layout = "model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight, one tensor per expert"
+    cuda_graphs = False                                         # routing decides shapes on the host
+
+    def __init__(self, config: SDARMoeConfig):
+        super().__init__(config)
+        self.build_stack(config, (SDARMoeDecoderLayer(config, i) for i in range(config.num_hidden_layers)))
+        self.head_dim = head_dim_of(config)
+        self.post_init()
