@@ -10,7 +10,6 @@ against 24 GiB and 12 GiB GPUs (part 3 of scripts/moe_speed.py, which prints it 
 from __future__ import annotations
 
 import argparse
-from math import prod
 
 import torch
 from moe_shapes import (  # scripts/moe_shapes.py: the published shapes
@@ -19,7 +18,7 @@ from moe_shapes import (  # scripts/moe_shapes.py: the published shapes
     published,
 )
 
-from fastdllm.checkpoints.info import idle_expert_parameters, memory_estimate
+from fastdllm.checkpoints.info import memory_estimate, shape_summary
 
 GPUS_GIB = (24, 12)
 HEADROOM_GIB = 1.0        # CUDA context, allocator slack, activations and logits of a step
@@ -40,7 +39,7 @@ def memory(args) -> None:
         with torch.device("meta"):
             model = model_cls(config)
         shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-        info = shape_info(shapes, config)
+        info = shape_summary(shapes, config)
         est = memory_estimate(info, canvas)
         cells = []
         for q, e in est.items():
@@ -57,17 +56,6 @@ def memory(args) -> None:
           f"(routers, embedding and head stay bf16; NF4 adds an fp32 scale per 64 weights):\n")
     for line in fits:
         print(f"- {line}")
-
-
-def shape_info(shapes: dict, config) -> dict:
-    """The fields memory_estimate reads, computed as checkpoints.info.inspect_checkpoint does."""
-    parameters = sum(prod(s) for s in shapes.values())
-    in_blocks = sum(prod(s) for n, s in shapes.items()
-                    if len(s) == 2 and (".blocks." in n or ".layers." in n) and not n.endswith("mlp.gate.weight"))
-    kv_rows = next((s[0] for n, s in shapes.items() if n.endswith("k_proj.weight")), None) \
-        or config.num_key_value_heads * config.head_dim
-    return {"parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
-            "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * config.num_hidden_layers * kv_rows * 2}
 
 
 def add_memory_args(ap: argparse.ArgumentParser) -> None:
