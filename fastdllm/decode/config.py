@@ -31,7 +31,7 @@ class DecodeConfig:
     factor: float = field(default=1.0, metadata={"gt": 0.0, "help": "factor rule: largest n with (n+1)(1-c_n) < factor"})
     entropy_budget: float = field(default=0.35, metadata={"gt": 0.0, "help": "entropy_bounded rule: total entropy (nats) committed per step"})
     steps: int | None = field(default=None, metadata={"min": 1, "help": "fixed rule: total steps (default gen_len: one token per step)"})
-    confidence: str = _choice("prob", "margin", "neg_entropy", "random", help="confidence measure")
+    confidence: str = _choice("prob", "margin", "neg_entropy", "entropy", "random", help="confidence measure")
     temperature: float = field(default=0.0, metadata={"min": 0.0, "help": "0 = greedy; > 0 samples (Gumbel-max)"})
     seed: int = field(default=0, metadata={"min": 0, "help": "random seed for sampling"})
     entropy_bound: float = field(default=0.1, metadata={"gt": 0.0, "help": "eb_sampler rule: the entropy (nats) the accepted positions ranked before each may add up to"})

@@ -66,6 +66,16 @@ def _entropy_bounded(sorted_conf, cfg, scheduled):
     return ((-sorted_conf).cumsum(-1) < cfg.entropy_budget).sum(-1)
 
 
+def _entropy_schedule(sorted_conf, cfg, scheduled):
+    # RND1's diffusion_sample: of a canvas's M masks, floor(M * t / S) stay masked after the step
+    # t = S-1, ..., 1, then none. From the m still masked (the candidates), the next state of that
+    # sequence below m: t = ceil(m S / M) - 1. Skips the steps that would commit nothing (S > M).
+    # M is the block (RND1: one global canvas, block_len = gen_len); confidences are -entropy.
+    m = (sorted_conf > float("-inf")).sum(-1)
+    M, S = cfg.block_len, cfg.steps_per_block
+    return m - M * ((m * S + M - 1) // M - 1) // S
+
+
 def _steps_text(steps: int, gen_len: int) -> str:
     return "1/step" if steps == gen_len else f"{steps} steps"
 
@@ -108,6 +118,11 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "the lowest-entropy candidates whose entropies add up to less than entropy_budget, at least "
          "one (SDAR's entropy_bounded as intended; the published code raises before its first step)",
          measure="neg_entropy"),
+    Rule("entropy_schedule", "steps", _entropy_schedule, lambda cfg: cfg.total_steps,
+         lambda v, n: f"entropy schedule, {v} steps", lambda v, n: f"H/{v}",
+         "RND1's schedule: after step t of S, floor(M t / S) of a block's M masks stay masked, the "
+         "highest-entropy ones; the others take their prediction (docs/rnd1.md 5)",
+         measure="entropy"),
 ]}
 
 

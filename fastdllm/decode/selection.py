@@ -7,48 +7,95 @@ then always the most confident ones, so every rule shares one selection mechanis
 
 from __future__ import annotations
 
+import functools
+from typing import Sequence
+
 import torch
 
 from .config import DecodeConfig
 from .rules import RULES
 
 
-def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: torch.Tensor,
+def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: Sequence[int] | torch.Tensor,
             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (B, K, V) -> (tokens (B, K), confidence (B, K)).
+    """logits (B, K, V) -> (tokens (B, K), confidence (B, K)); the caller's logits are left alone.
 
     Every confidence is the authors' own, over the full softmax: the `banned` ids (the mask id)
     stay in the normaliser, the top-2 and the entropy, as in every family's reference code. They are
     only kept out of the prediction (the reference loops forever when the mask is the argmax), so
     all agree with the references wherever the mask is not the argmax. Computed from a logsumexp at
-    fp32 or better; no full-vocabulary float64 softmax."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    log_z = logits.logsumexp(-1, keepdim=True)                                    # (B, K, 1)
-    if measure == "margin":      # top-1 minus top-2 probability (Dream's topk_margin)
-        top2 = (logits.topk(2, dim=-1).values - log_z).exp()
-        margin = top2[..., 0] - top2[..., 1]
-    elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
-        p = (logits - log_z).exp()
-        entropy = (p * (p + 1e-10).log()).sum(-1)
-    logits = logits.index_fill(-1, banned.to(logits.device), float("-inf"))      # never predicted; the caller's stay
+    fp32 or better; no full-vocabulary float64 softmax.
+
+    The cost (one step's besides the forward): maxima and top-2 read the logits in their own dtype
+    (exact in any); the normaliser is one fused upcast-and-shift into a single fp32-or-better
+    buffer, exponentiated and summed in place (torch.logsumexp's own arithmetic, bit for bit); no
+    full-vocabulary copy for the banned ids, only views of them (slices, not index tensors: on a
+    GPU a host list as an index is a copy to the device). Tokens and confidences equal those of the
+    plain full-copy computation bit for bit (tests/test_step_cost.py)."""
+    work = torch.promote_types(logits.dtype, torch.float32)
+    ids = banned_ids(banned)
     if temperature > 0:  # Gumbel-max: a sample of softmax(logits / T)
-        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
-        gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
-        tokens = (logits / temperature + gumbel).argmax(-1)
+        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=work)
+        noisy = u.clamp_min_(torch.finfo(work).tiny).log_().neg_().log_().neg_()          # Gumbel noise, in place
+        noisy.add_(logits.to(work) / temperature)
+        for b in ids:                                                                    # never predicted
+            noisy[..., b] = float("-inf")
+        tokens = noisy.argmax(-1)
         top = logits.gather(-1, tokens[..., None])[..., 0]
+        peak = logits.amax(-1)
     else:
-        top, tokens = logits.max(-1)                                              # first index on ties
+        top, tokens = max_without(logits, ids)                                          # first index on ties
+        peak = functools.reduce(torch.maximum, [logits[..., b] for b in ids], top)      # the whole row's max
+    log_z, shifted = logsumexp_from(logits, peak, work)                                 # (B, K, 1)
     if measure == "prob":        # probability of the token the position receives
-        confidence = (top - log_z[..., 0]).exp()
-    elif measure == "margin":
-        confidence = margin
-    elif measure == "neg_entropy":
-        confidence = entropy
+        confidence = (top.to(work) - log_z[..., 0]).exp()
+    elif measure == "margin":    # top-1 minus top-2 probability (Dream's topk_margin)
+        top2 = (logits.topk(2, dim=-1).values.to(work) - log_z).exp()
+        confidence = top2[..., 0] - top2[..., 1]
+    elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
+        p = torch.sub(logits, log_z, out=shifted).exp_()                                 # reuses the buffer
+        confidence = (p + 1e-10).log_().mul_(p).sum(-1)
     elif measure == "random":    # LLaDA's 'random' remasking
-        confidence = torch.rand(tokens.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+        confidence = torch.rand(tokens.shape, generator=generator, device=logits.device, dtype=work)
     else:
         raise ValueError(f"unknown confidence measure {measure!r}")
     return tokens, confidence
+
+
+def banned_ids(banned: Sequence[int] | torch.Tensor) -> list[int]:
+    """The banned ids as sorted distinct host ints (a tensor of them is read once, on the host)."""
+    return sorted(set(banned.tolist() if isinstance(banned, torch.Tensor) else banned))
+
+
+def max_without(logits: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) (B, K) of the max over the last dim leaving out `ids` (sorted, distinct),
+    first index on ties, NaN winning as in torch.max: one read of the vocabulary in the logits'
+    dtype, over the views between the banned ids (no copy, no -inf fill)."""
+    best = None
+    edges = [-1, *ids, logits.shape[-1]]
+    for a, b in zip(edges, edges[1:]):
+        if b <= a + 1:
+            continue                                     # no id between two banned ones
+        value, index = logits[..., a + 1:b].max(-1)
+        index = index + (a + 1)
+        if best is not None:                             # the earlier segment wins ties
+            keep = best[0].isnan() | (best[0] >= value)
+            value, index = torch.where(keep, best[0], value), torch.where(keep, best[1], index)
+        best = value, index
+    if best is None:
+        raise ValueError("every id is banned")
+    return best
+
+
+def logsumexp_from(logits: torch.Tensor, peak: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log_z (B, K, 1), the (B, K, V) `work` buffer it used): torch.logsumexp(logits.to(work), -1,
+    keepdim=True) bit for bit, given each row's max `peak` (B, K), without the upcast copy: the
+    upcast, the shift and the exponent write one buffer (an infinite max shifts by 0, as torch's)."""
+    peak = peak.to(work)[..., None]
+    shift = peak.masked_fill(peak.abs() == float("inf"), 0)
+    buffer = torch.sub(logits, shift)                    # promotes: a bf16 row is read once, as fp32
+    log_z = buffer.exp_().sum(-1, keepdim=True).log_().add_(shift)
+    return log_z, buffer
 
 
 def fixed_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
