@@ -55,6 +55,10 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
     elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
         p = torch.sub(logits, log_z, out=shifted).exp_()                                 # reuses the buffer
         confidence = (p + 1e-10).log_().mul_(p).sum(-1)
+    elif measure == "entropy":   # RND1's: sum p log p of softmax(logits / T) (T = 1 when greedy), no epsilon
+        scaled = logits.to(work) / (temperature if temperature > 0 else 1.0)
+        log_p = scaled - scaled.logsumexp(-1, keepdim=True)
+        confidence = (log_p.exp() * log_p).sum(-1)
     elif measure == "random":    # LLaDA's 'random' remasking
         confidence = torch.rand(tokens.shape, generator=generator, device=logits.device, dtype=work)
     else:
