@@ -67,13 +67,16 @@ def _entropy_bounded(sorted_conf, cfg, scheduled):
 
 
 def _entropy_schedule(sorted_conf, cfg, scheduled):
-    # RND1's diffusion_sample: of a canvas's M masks, floor(M * t / S) stay masked after the step
-    # t = S-1, ..., 1, then none. From the m still masked (the candidates), the next state of that
-    # sequence below m: t = ceil(m S / M) - 1. Skips the steps that would commit nothing (S > M).
+    # RND1's diffusion_sample: of a canvas's M masks, floor(M * (t / S)) stay masked after step t
+    # (t = S-1, ..., 1; none after the last), the product in float32 as theirs (an integer M t / S
+    # may round below). From the m still masked (the candidates) the next of these states below m:
+    # the steps that would commit nothing (S > M, or a float32 step of two) are skipped.
     # M is the block (RND1: one global canvas, block_len = gen_len); confidences are -entropy.
-    m = (sorted_conf > float("-inf")).sum(-1)
-    M, S = cfg.block_len, cfg.steps_per_block
-    return m - M * ((m * S + M - 1) // M - 1) // S
+    m = (sorted_conf > float("-inf")).sum(-1)                                  # (B,)
+    t = sorted_conf.new_ones(cfg.steps_per_block).double().cumsum(0) - 1      # (S,) 0 .. S-1
+    kept = (cfg.block_len * (t / cfg.steps_per_block).float()).long()         # (S,) masks left after step t
+    below = kept[None, :].where(kept[None, :] < m[:, None], -1)               # (B, S)
+    return m - below.max(-1).values
 
 
 def _steps_text(steps: int, gen_len: int) -> str:

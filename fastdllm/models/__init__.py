@@ -12,6 +12,7 @@ from .fast_dllm_qwen import FastDLLMQwenConfig, FastDLLMQwenForCausalLM
 from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2_moe import BailingMoeV2Config, LLaDA2MoeConfig, LLaDA2MoeModelLM
 from .llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
+from .rnd1 import RND1LM, RND1Config
 from .sdar import SDARConfig, SDARForCausalLM
 from .sdar_moe import SDARMoeConfig, SDARMoeForCausalLM
 
@@ -29,6 +30,7 @@ FAMILIES: dict[str, list[Family]] = {
     "sdar_moe": [(SDARMoeConfig, SDARMoeForCausalLM, ("SDARMoeForCausalLM",))],
     "llada2_moe": [(LLaDA2MoeConfig, LLaDA2MoeModelLM, _LLADA2)],
     "bailing_moe_v2": [(BailingMoeV2Config, LLaDA2MoeModelLM, _LLADA2)],
+    "rnd1": [(RND1Config, RND1LM, ("RND1", "RND1LM"))],
     "diffusion_gemma": [(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
                          ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))],
 }
@@ -48,4 +50,5 @@ for _type, _families in FAMILIES.items():
             AutoModel.register(_cfg, _model, exist_ok=True)
 
 __all__ = ["FAMILIES", "NOT_YET", "DiffusionLM", "DreamConfig", "DreamModel", "LLaDA2MoeConfig", "LLaDA2MoeModelLM",
-           "LLaDAConfig", "LLaDAMoEConfig", "LLaDAMoEModelLM", "LLaDAModelLM", "SDARMoeConfig", "SDARMoeForCausalLM"]
+           "LLaDAConfig", "LLaDAMoEConfig", "LLaDAMoEModelLM", "LLaDAModelLM", "RND1Config", "RND1LM", "SDARMoeConfig",
+           "SDARMoeForCausalLM"]
