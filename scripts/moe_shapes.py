@@ -14,17 +14,20 @@ from fastdllm.checkpoints.tiny_moe import (
     write_llada2_moe,
     write_llada_moe,
 )
+from fastdllm.checkpoints.tiny_rnd1 import rnd1_config, write_rnd1
 from fastdllm.checkpoints.tiny_sdar_moe import write_sdar_moe
 from fastdllm.models.moe import SparseMoE
 
 # name -> (model_type of the published config, tiny checkpoint writer: tokenizer and special tokens only)
 SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe),
-          "sdar-30b-a3b": ("sdar_moe", write_sdar_moe)}
+          "sdar-30b-a3b": ("sdar_moe", write_sdar_moe), "rnd1-30b-a3b": ("rnd1", write_rnd1)}
+QWEN3_MOE = ("sdar_moe", "rnd1")                 # Qwen3-MoE's layer rule (decoder_sparse_step, mlp_only_layers)
 
 
 # --- shapes ----------------------------------------------------------------------------------------
 def published(name: str) -> dict:
-    return published_config(SHAPES[name][0])
+    """RND1: the config.json its configuration class writes (tiny_rnd1; the published file was not read)."""
+    return rnd1_config() if SHAPES[name][0] == "rnd1" else published_config(SHAPES[name][0])
 
 
 def expert_width(raw: dict) -> int:
@@ -47,7 +50,7 @@ def dense_layers(raw: dict) -> int:
     L = raw["num_hidden_layers"]
     if raw["model_type"] == "llada2_moe":
         return raw["first_k_dense_replace"]
-    if raw["model_type"] == "sdar_moe":                                  # Qwen3-MoE's rule
+    if raw["model_type"] in QWEN3_MOE:                                   # Qwen3-MoE's rule
         only = set(raw.get("mlp_only_layers") or [])
         return sum(1 for i in range(L) if i in only or (i + 1) % raw["decoder_sparse_step"])
     return sum(1 for f in raw["moe_layer_freq"][:L] if not f)
@@ -60,7 +63,7 @@ def moe_config(raw: dict, layers: int, experts: int) -> dict:
         c["first_k_dense_replace"] = 0
         if experts % raw["n_group"] or experts // raw["n_group"] < 2:     # groups must still split E
             c["n_group"] = c["topk_group"] = 1
-    elif raw["model_type"] == "sdar_moe":
+    elif raw["model_type"] in QWEN3_MOE:
         c.update(decoder_sparse_step=1, mlp_only_layers=[])
     else:
         c["moe_layer_freq"] = [1] * layers
@@ -72,8 +75,10 @@ def dense_config(raw: dict, layers: int) -> dict:
     c = dict(raw, num_hidden_layers=layers)
     if raw["model_type"] == "llada2_moe":
         c.update(first_k_dense_replace=layers, intermediate_size=active_width(raw))
-    elif raw["model_type"] == "sdar_moe":
+    elif raw["model_type"] in QWEN3_MOE:
         c.update(mlp_only_layers=list(range(layers)), intermediate_size=active_width(raw))
+        if raw["model_type"] == "rnd1":   # RND1 refuses dense layers: the same Qwen3 layers as sdar_moe
+            c.update(model_type="sdar_moe", architectures=["SDARMoeForCausalLM"])
     else:
         c.update(moe_layer_freq=[0] * layers, dense_intermediate_size=active_width(raw),
                  shared_expert_intermediate_size=None)
