@@ -1,5 +1,7 @@
 """`fastdllm bench`: run decoding configurations over a prompt set and compare them with the baseline.
-Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or in a file."""
+Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or in a file.
+Data parallel under torchrun / accelerate launch / --num-processes N (cli/parallel.py): each
+process runs its share of every row's batches, rank 0 merges them into one table."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import typer
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError
 
+from . import parallel
 from .model import load_model
 from .options import MODEL_FLAGS, comma_names, model_placement
 from .results import check_writable, save
@@ -69,6 +72,7 @@ def bench(
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Save a plot (PNG): throughput vs gen_len, speed vs agreement.")] = None,
     list_rows: Annotated[bool, typer.Option("--list", help="List the configurations and exit.")] = False,
+    num_processes: Annotated[Optional[int], typer.Option("--num-processes", help="Data parallel: N processes, one per GPU (or sharing the CPU cores), each with its share of every row's batches; as `torchrun --nproc-per-node N -m fastdllm bench ...`.")] = None,
     model: Annotated[Optional[str], MODEL_FLAGS["model"][1]] = None,
     dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
     device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
@@ -78,17 +82,21 @@ def bench(
     NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality."""
     if list_rows:
         return list_configs(model)
+    parallel.quiet_followers()
     from fastdllm.bench import cases as bench_cases
     from fastdllm.bench import prompts, runner
     from fastdllm.bench.format import format_for, require_matplotlib
     from fastdllm.bench.inputs import check_infilling
     from fastdllm.decode import profiles
     from fastdllm.decode.rules import RULES
+    from fastdllm.eval.distributed import injected
 
     # everything a user can get wrong is checked before the model is loaded
     fmt = format_for(output_format, output)
     runner.check_counts(repetitions, warmup)
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
+        raise typer.Exit(parallel.launch(num_processes))
     check_writable(output, "--output")
     check_writable(plot, "--plot")
     if plot is not None:
@@ -111,18 +119,26 @@ def bench(
         if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")
 
+    world = parallel.join(num_processes, placement)
     lm = load_model(model_dir, **placement)
     if chosen is None:
         chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
 
     measured, stopped = [], None
-    total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup)
+    share = (world.rank, world.size)
+    total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup, share)
     err_console.print(f"bench: {len(cases)} rows x {len(chosen.prompts)} {chosen.name} prompts "
-                      f"({total} runs) on {lm.path.name}", style="dim")
+                      f"({total} runs{f' on rank 0 of {world.size}' if world.size > 1 else ''}) on {lm.path.name}",
+                      style="dim")
     try:
         with RunProgress(total) as tick:
-            for m in runner.measure(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
-                                    on_run=tick):
+            parts = runner.measure_share(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
+                                         on_run=tick, share=share)
+            for case in cases:                           # in step: every rank's share of a row, then the next
+                shares = world.exchange(lambda: (injected(world, case.name), next(parts))[1])
+                if not world.first:
+                    continue
+                m = runner.merge(shares)
                 measured.append(m)
                 if output is not None:                   # on disk as soon as it is finished
                     save(runner.compare(measured), fmt, output)

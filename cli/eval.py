@@ -1,6 +1,10 @@
 """`fastdllm eval`: task metrics beside speed for each profile, on lm-evaluation-harness
 (fastdllm/eval/tasks.py). Progress on stderr; results (table, Markdown, JSON, CSV) on stdout or in
-a file, rewritten as each (task, profile) finishes and kept when interrupted."""
+a file, rewritten as each (task, profile) finishes and kept when interrupted.
+
+Data parallel: under `torchrun` / `accelerate launch` (or `--num-processes N`, which starts
+torchrun's machinery) each process loads the model on its own device and takes its share of every
+task's documents; rank 0 alone prints and writes (fastdllm/eval/distributed.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import typer
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError, UserError
 
+from . import parallel
 from .model import load_model
 from .options import MODEL_FLAGS, comma_names, decoding_options, model_placement
 from .results import check_writable
@@ -25,6 +30,8 @@ EXAMPLES = """Examples:
   fastdllm eval --include-path examples/eval --tasks next_line --profiles baseline,fast --limit 20
 
   fastdllm eval -m ~/models/LLaDA-8B-Instruct --tasks gsm8k --num-fewshot 5 --profiles baseline,default
+
+  torchrun --nproc-per-node 8 -m fastdllm eval -m ~/models/LLaDA-8B-Instruct --tasks gsm8k --num-fewshot 5
 """
 
 
@@ -44,6 +51,7 @@ def eval_(
     mc_batch: Annotated[int, typer.Option("--mc-batch", help="Likelihood tasks: samples per forward (divides --mc-num).")] = 32,
     check_greedy: Annotated[bool, typer.Option("--check-greedy/--no-check-greedy", help="Likelihood tasks: also decide whether the continuation is the greedy one (L forwards; multiple-choice tasks never read it).")] = True,
     unsafe: Annotated[bool, typer.Option("--confirm-run-unsafe-code", help="Allow tasks that run the generated code (HumanEval, MBPP; their metric also needs HF_ALLOW_CODE_EVAL=1).")] = False,
+    num_processes: Annotated[Optional[int], typer.Option("--num-processes", help="Data parallel: N processes, one per GPU (or sharing the CPU cores), each with its share of every task; as `torchrun --nproc-per-node N -m fastdllm eval ...`.")] = None,
     model: Annotated[Optional[str], MODEL_FLAGS["model"][1]] = None,
     dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
     device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
@@ -57,6 +65,7 @@ def eval_(
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")     # lm-eval's own bars; read when tqdm is first imported
+    parallel.quiet_followers()
     from fastdllm.decode import profiles
     from fastdllm.eval.format import FORMATS, SUFFIXES
 
@@ -71,6 +80,8 @@ def eval_(
     if mc_num < 1 or mc_batch < 1 or mc_num % mc_batch:
         raise UsageError(f"--mc-num {mc_num} must be a positive multiple of --mc-batch {mc_batch}")
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
+        raise typer.Exit(parallel.launch(num_processes))
     try:
         from fastdllm.eval import tasks as evaluate
     except ImportError as e:
@@ -83,14 +94,16 @@ def eval_(
     manager = evaluate.task_manager(include_path or [], task_names)
     options = evaluate.Options(limit=limit, num_fewshot=num_fewshot, chat=chat, confirm_run_unsafe_code=unsafe,
                                batch_size=batch_size, mc_num=mc_num, mc_batch=mc_batch, check_greedy=check_greedy)
+    world = parallel.join(num_processes, placement)
     lm = load_model(model_dir, **placement)
     if chat and not lm.has_chat_template:
         raise UserError(f"{lm.path.name} has no chat template: run without --chat")
-    err_console.print(f"eval: {len(task_names)} task(s) x {len(configs)} profile(s) on {lm.path.name}", style="dim")
+    err_console.print(f"eval: {len(task_names)} task(s) x {len(configs)} profile(s) on {lm.path.name}"
+                      + (f", {world.size} processes" if world.size > 1 else ""), style="dim")
     records, stopped = [], None
     try:
         with Progress() as progress:
-            for r in evaluate.run(lm, task_names, configs, manager, options, progress=progress.update):
+            for r in evaluate.run(lm, task_names, configs, manager, options, progress=progress.update, world=world):
                 records.append(r)
                 progress.finished(r)
                 if output is not None:

@@ -91,6 +91,8 @@ def caption(records: list[dict]) -> str:
         if len({x[key] for x in records}) == 1:
             parts.append(f"{name} {r[key]}")
     parts.append(f"{r['repetitions']} timed repetition{'s' * (r['repetitions'] > 1)}, {r['warmup']} warm-up")
+    if r.get("processes", 1) > 1:
+        parts.append(f"{r['processes']} processes (tok/s over the slowest one's seconds)")
     parts.append(f"torch {r['torch']}, transformers {r['transformers']}, fastdllm {r['fastdllm']}")
     parts.append(f"peak memory = {r['peak_memory_kind']}")
     return " · ".join(parts)
@@ -122,11 +124,12 @@ def render(records: list[dict], fmt: str, width: int = 200) -> str:
         return json.dumps({"records": records}, indent=2) + "\n"
     if fmt == "jsonl":
         return "".join(json.dumps(r) + "\n" for r in records)
-    if fmt == "csv":
+    if fmt == "csv":                          # flat: the per-rank figures stay in JSON
+        flat = [{k: v for k, v in r.items() if k != "ranks"} for r in records]
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=list(flat[0]), lineterminator="\n")
         writer.writeheader()
-        writer.writerows(records)
+        writer.writerows(flat)
         return out.getvalue()
     if fmt == "md":
         return markdown(records)

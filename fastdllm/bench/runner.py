@@ -9,6 +9,11 @@ conditions it was measured under.
 
 Infilling sets (PromptSet.suffixes): each prompt is the template prefix + hole + suffix, the hole
 being the case's gen_len; templates run one at a time, raw text only.
+
+Data parallel (`share`: rank, processes): the batches of every case are planned over the whole
+prompt set as alone, and rank r runs batches r, r + N, ... (its own warm-up on its first); `merge`
+puts the ranks' Shares back in batch order, so every answer, agreement and quality figure is the
+single process's, and tokens/s is all answer tokens over the slowest rank's seconds.
 """
 
 from __future__ import annotations
@@ -36,10 +41,23 @@ class Measured:
     answers: list[list[int]] = field(default_factory=list)   # per prompt (first repetition)
 
 
-def count_runs(cases: list[Case], n_prompts: int, repetitions: int, warmup: int) -> int:
-    """How many engine runs `measure` makes (for a progress bar): warm-ups, then timed batches."""
-    warm = len({_warm_key(c) for c in cases}) * warmup
-    return warm + sum(-(-n_prompts // c.batch_size) for c in cases) * repetitions
+@dataclass
+class Share:
+    """One rank's part of a case: the indices of its batches and, per repetition, their Results."""
+    case: Case
+    batches: list[int]
+    reps: list[list[Result]]
+    prompt_set: PromptSet
+    shared: dict
+
+
+def count_runs(cases: list[Case], n_prompts: int, repetitions: int, warmup: int, share: tuple[int, int] = (0, 1)) -> int:
+    """How many engine runs `measure` makes (for a progress bar): warm-ups, then timed batches
+    (of rank `share[0]` among `share[1]` processes)."""
+    rank, size = share
+    mine = [len(range(rank, -(-n_prompts // c.batch_size), size)) for c in cases]
+    warm = len({_warm_key(c) for c, n in zip(cases, mine) if n}) * warmup
+    return warm + sum(mine) * repetitions
 
 
 def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
@@ -47,27 +65,59 @@ def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None =
             on_run: Callable[[Case, str], None] | None = None) -> Iterator[Measured]:
     """Run every case on every prompt; yield one Measured per case as it finishes (so that an
     interrupted bench keeps its finished rows). Comparisons are added by `compare`."""
+    for part in measure_share(lm, cases, prompt_set, chat=chat, repetitions=repetitions, warmup=warmup, on_run=on_run):
+        yield merge([part])
+
+
+def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
+                  repetitions: int = 1, warmup: int = 1, on_run: Callable[[Case, str], None] | None = None,
+                  share: tuple[int, int] = (0, 1)) -> Iterator[Share]:
+    """`measure` for rank `share[0]` of `share[1]` processes: its batches of each case, as a Share."""
     check_counts(repetitions, warmup)
     inputs = prepare(lm, cases, prompt_set, chat)
     shared = conditions(lm, prompt_set, chat, repetitions, warmup)
+    rank, size = share
     warmed = set()
     for case in cases:
         fills = inputs[case.cfg.gen_len]
         batches = [fills[i:i + case.batch_size] for i in range(0, len(fills), case.batch_size)]
-        if _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
+        mine = list(range(rank, len(batches), size))
+        if mine and _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
             warmed.add(_warm_key(case))
             for _ in range(warmup):
-                _run(lm, batches[0], case.cfg)
+                _run(lm, batches[mine[0]], case.cfg)
                 if on_run:
                     on_run(case, "warm-up")
         reps = []
         for r in range(repetitions):
             reps.append([])
-            for batch in batches:
-                reps[-1].append(_timed_run(lm, batch, case.cfg))
+            for i in mine:
+                reps[-1].append(_timed_run(lm, batches[i], case.cfg))
                 if on_run:
                     on_run(case, f"rep {r + 1}/{repetitions}")
-        yield summarise(case, reps, prompt_set, shared)
+        yield Share(case, mine, reps, prompt_set, shared)
+
+
+def merge(shares: list[Share]) -> Measured:
+    """The ranks' Shares of one case (in rank order) as one Measured: batches back in their order;
+    each repetition's seconds are its slowest rank's."""
+    first = shares[0]
+    owner = {i: rank for rank, s in enumerate(shares) for i in s.batches}
+    order = sorted(owner)
+    results = [{i: res for s in shares for i, res in zip(s.batches, s.reps[r])} for r in range(len(first.reps))]
+    reps = [[by_batch[i] for i in order] for by_batch in results]
+    measured = summarise(first.case, reps, first.prompt_set, first.shared, [owner[i] for i in order], len(shares))
+    if len(shares) > 1:
+        measured.record["ranks"] = [_rank_figures(rank, s.reps)
+                                    for rank, s in enumerate(shares)]
+    return measured
+
+
+def _rank_figures(rank: int, reps: list[list[Result]]) -> dict:
+    tokens = sum(r.generated_tokens for r in reps[0]) if reps else 0
+    seconds = statistics.mean(sum(r.seconds_total for r in rep) for rep in reps) if reps else 0.0
+    return {"rank": rank, "prompts": sum(r.batch for r in reps[0]) if reps else 0, "generated_tokens": tokens,
+            "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 3) if seconds else None}
 
 
 def check_counts(repetitions: int, warmup: int) -> None:
@@ -77,11 +127,20 @@ def check_counts(repetitions: int, warmup: int) -> None:
         raise UsageError(f"--warmup {warmup}: give 0 or more")
 
 
-def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, shared: dict) -> Measured:
-    """One record from the Results of every repetition (each a list of per-batch Results)."""
+def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, shared: dict,
+              owners: list[int] | None = None, processes: int = 1) -> Measured:
+    """One record from the Results of every repetition (each a list of per-batch Results);
+    `owners`: the rank that ran each batch (a repetition lasts as long as its slowest rank)."""
     first = reps[0]
-    speeds = [sum(r.generated_tokens for r in rep) / max(sum(r.seconds_total for r in rep), 1e-12)
-              for rep in reps]
+    owners = owners or [0] * len(first)
+
+    def seconds(rep: list[Result]) -> float:
+        per_rank = [0.0] * processes
+        for owner, r in zip(owners, rep):
+            per_rank[owner] += r.seconds_total
+        return max(per_rank)
+
+    speeds = [sum(r.generated_tokens for r in rep) / max(seconds(rep), 1e-12) for rep in reps]
     texts = [t for r in first for t in r.texts]
     cfg = case.cfg
     record = {
@@ -98,7 +157,7 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         "agreement_tokens": None, "agreement_answers": None,
         "quality": _round(prompt_set.quality(texts)), "quality_metric": prompt_set.quality_metric,
         "generated_tokens": sum(r.generated_tokens for r in first),
-        "seconds": round(statistics.mean(sum(r.seconds_total for r in rep) for rep in reps), 4),
+        "seconds": round(statistics.mean(seconds(rep) for rep in reps), 4), "processes": processes,
         "peak_memory_bytes": max(r.peak_memory_bytes for rep in reps for r in rep),
         "peak_memory_kind": first[0].peak_memory_kind,
         "cache_bytes": max(r.cache_bytes for r in first),

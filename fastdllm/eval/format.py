@@ -43,8 +43,9 @@ def caption(records: list[dict]) -> str:
             + (f", {r['quantize']}" if r.get("quantize") not in (None, "none") else "") + f") on {r['machine']} · "
             f"few-shot {shots} · limit {r['limit'] or 'none'} · chat template {'on' if r['chat'] else 'off'} · "
             f"torch {r['torch']}" + (f", CUDA {r['cuda']}" if r["cuda"] else "") + f", lm-eval {r['lm_eval']}, "
-            f"fastdllm {r['fastdllm']} · tok/s: answer tokens (up to the end token) per second of decoding; "
-            f"change and speed against the first profile")
+            f"fastdllm {r['fastdllm']}" + (f" · {r['processes']} processes" if r.get("processes", 1) > 1 else "")
+            + " · tok/s: answer tokens (up to the end token) per second of decoding"
+            + (" (the slowest process's)" if r.get("processes", 1) > 1 else "") + "; change and speed against the first profile")
 
 
 def table(records: list[dict]):
@@ -62,7 +63,7 @@ def render(records: list[dict], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(records, indent=2) + "\n"
     if fmt == "csv":
-        flat = [{**{k: v for k, v in r.items() if k not in ("metrics", "config", "change")},
+        flat = [{**{k: v for k, v in r.items() if k not in ("metrics", "config", "change", "ranks")},
                  "change_value": (r["change"] or {}).get("value"), "change_speed": (r["change"] or {}).get("speed"),
                  **{f"config_{k}": v for k, v in r["config"].items()}} for r in records]
         out = io.StringIO()

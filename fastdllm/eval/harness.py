@@ -10,7 +10,17 @@
 
 From lm-eval's own command line: `python -m fastdllm.eval.harness --model fastdllm --model_args
 pretrained=DIR,profile=NAME,... --tasks ...` (lm-eval finds models only in its own table; this is
-its CLI with fastdllm registered).
+its CLI with fastdllm registered), under `torchrun` / `accelerate launch` as well.
+
+Parallel runs (distributed.py) follow lm-eval's protocol for its own models: `rank` and
+`world_size` make lm-eval give each process documents rank, rank + N, ... and pad the shorter
+shares with copies of their last request (answered here from the original, not decoded);
+`gather_object` hands rank 0 the per-document metrics in the single process's document order,
+so that sums and standard errors come out bit-identical.
+
+Seeds: a request that draws random numbers (temperature > 0, random confidence, a renoising
+sampler) is decoded alone, its k-th copy (lm-eval's `repeats`) with seed + k: its answer is
+`generate --seed` on that prompt whatever its rank, batch or order. Greedy requests share batches.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from ..decode.canvas import block_end
 from ..decode.config import DecodeConfig
 from ..decode.engine import run
 from ..errors import UserError
+from . import distributed
 from .likelihood import Likelihood
 
 SAMPLING_OFF = {"top_p": (None, 1, 1.0), "top_k": (None, 0, -1)}
@@ -48,11 +59,13 @@ class FastdllmLM(LM):
     def __init__(self, pretrained: str | None = None, profile: str | None = None, dtype: str = "auto",
                  device: str = "auto", quantize: str = "none", batch_size: int | str = 1, mc_num: int = 128,
                  mc_batch: int = 32, check_greedy: bool = True, lm=None, cfg: DecodeConfig | None = None,
-                 max_batch_size: int | None = None, **decode):
+                 max_batch_size: int | None = None, world: distributed.World | None = None, **decode):
         """From lm-eval: `pretrained` (a checkpoint directory; default the built-in model), `profile`
         and any decoding setting (threshold=0.9, cache=dual, ...). From `fastdllm eval`: a loaded
         model `lm` and its resolved `cfg`. (`max_batch_size`, which lm-eval may pass, is unused.)"""
         super().__init__()
+        self.world = world or distributed.from_env()
+        self._rank, self._world_size = self.world.rank, self.world.size
         if lm is None:
             from ..checkpoints import loading
             from ..checkpoints.locate import resolve_model_dir
@@ -66,7 +79,10 @@ class FastdllmLM(LM):
             model_dir = resolve_model_dir(pretrained)
             found = profiles.find(profile or profiles.default_profile_for(model_dir))
             cfg = profiles.resolve(found, decode, model_dir)
-            lm = loading.load(model_dir, dtype=dtype, device=device, quantize=quantize)
+            if self.world.size > 1 and str(device).startswith("cuda:"):
+                device = "cuda"                # lm-eval's one device: here each rank's own GPU
+            self.world.share_threads()
+            lm = loading.load(model_dir, dtype=dtype, device=self.world.device(device), quantize=quantize)
             if lm.info.get("bf16") == "emulated":
                 print(f"note: {bf16_note()}", file=sys.stderr)
         self.lm, self.cfg = lm, cfg or DecodeConfig()
@@ -75,6 +91,19 @@ class FastdllmLM(LM):
                                      check_greedy=str(check_greedy).lower() not in ("false", "0", "no"))
         self.stats = Stats()
         self.progress = None                   # called with (requests done, requests) as they finish
+        self.task: str | None = None           # the task running (the name the test hook matches)
+        self.failure: str | None = None        # parallel runs: this rank's error, reported after the task
+
+    # ------------------------------------------------------------------ lm-eval's collectives
+    def all_gather(self, tensor):
+        return torch.stack([torch.as_tensor(t) for t in self.world.all_gather(tensor.cpu())]).flatten()
+
+    def gather_object(self, obj, dst: int = 0):
+        parts = self.world.all_gather(obj)
+        return distributed.in_document_order(parts) if self.rank == dst else None
+
+    def barrier(self) -> None:
+        self.world.all_gather(None)
 
     @property
     def tokenizer_name(self) -> str:
@@ -100,25 +129,49 @@ class FastdllmLM(LM):
 
     # ------------------------------------------------------------------ generate_until
     def generate_until(self, requests) -> list[str]:
+        return self._guarded(self._generate_until, requests, "")
+
+    def _generate_until(self, requests) -> list[str]:
+        copy = distributed.copies(requests)
         out: list[str | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):
-            context, kwargs = request.args
-            groups.setdefault(self._settings(kwargs), []).append(i)
-        done = 0
+            if copy[i] is not None:
+                groups.setdefault(self._settings(request.args[1]), []).append(i)
+        done, total = 0, sum(len(m) for m in groups.values())
         for settings, members in groups.items():
             cfg, limit, until = self._config(settings)
             members.sort(key=lambda i: -len(requests[i].args[0]))            # similar lengths share a batch
-            for start in range(0, len(members), self.rows):
-                batch = members[start:start + self.rows]
-                texts = self._decode([self.encode(requests[i].args[0]) for i in batch], cfg, limit, until)
+            rows = 1 if self._draws(cfg) else self.rows
+            for start in range(0, len(members), rows):
+                batch = members[start:start + rows]
+                batch_cfg = replace(cfg, seed=cfg.seed + copy[batch[0]]) if rows == 1 else cfg
+                texts = self._decode([self.encode(requests[i].args[0]) for i in batch], batch_cfg, limit, until)
                 for i, text in zip(batch, texts):
                     out[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
                 done += len(batch)
                 if self.progress:
-                    self.progress(done, len(requests))
-        return out
+                    self.progress(done, total)
+        return distributed.padded(requests, out)
+
+    def _draws(self, cfg: DecodeConfig) -> bool:
+        """Whether decoding draws random numbers (then the request is decoded alone: its stream)."""
+        renoise = getattr(self.lm.decoder.model, "sampler", "mask") == "renoise"
+        return cfg.temperature > 0 or cfg.confidence == "random" or renoise
+
+    def _guarded(self, method, requests, placeholder):
+        """Parallel runs: an error here is kept and the rank answers the rest with placeholders, so
+        that lm-eval's collectives still meet on every rank; tasks.py reports it after the task."""
+        try:
+            if self.failure is None:
+                distributed.injected(self.world, self.task)
+                return method(requests)
+        except Exception as e:
+            if self.world.size == 1:
+                raise
+            self.failure = distributed.describe(e)
+        return [placeholder] * len(requests)
 
     def _settings(self, kwargs: dict) -> tuple:
         kwargs = dict(kwargs or {})
@@ -163,8 +216,15 @@ class FastdllmLM(LM):
 
     # ------------------------------------------------------------------ likelihoods
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        out = []
-        for done, request in enumerate(requests, 1):
+        return self._guarded(self._loglikelihood, requests, (0.0, False))
+
+    def _loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        copy = distributed.copies(requests)
+        out: list[tuple[float, bool] | None] = [None] * len(requests)
+        done, total = 0, sum(k is not None for k in copy)
+        for i, request in enumerate(requests):
+            if copy[i] is None:
+                continue
             context, continuation = request.args
             started, forwards = time.perf_counter(), self.likelihood.forwards
             answer = self.likelihood.score(*self._pair(context, continuation))
@@ -173,11 +233,12 @@ class FastdllmLM(LM):
             s.answers += 1
             s.forwards += self.likelihood.forwards - forwards
             s.answer_forwards += self.likelihood.forwards - forwards
-            out.append(answer)
+            out[i] = answer
             self.cache_hook.add_partial("loglikelihood", request.args, answer)
+            done += 1
             if self.progress:
-                self.progress(done, len(requests))
-        return out
+                self.progress(done, total)
+        return distributed.padded(requests, out)
 
     def _pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """(context ids, continuation ids): trailing spaces of the context belong to the

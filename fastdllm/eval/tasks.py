@@ -4,6 +4,10 @@ Each (task, profile) pair is one lm-eval run (`simple_evaluate`) of a FastdllmLM
 loaded once; the task's metrics and standard errors come from lm-eval, the speed figures from
 what the answers cost (harness.Stats: answer tokens up to the end token, never the prompt). Each
 record is complete when yielded, so an interrupted run keeps the finished pairs.
+
+Parallel runs (distributed.py): every rank runs every pair on its share of the documents; after
+each pair the ranks exchange their counters (and any error), and rank 0 alone yields the record:
+counts summed, tokens/s over the slowest rank's decoding time, each rank's figures in `ranks`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Callable, Iterator
 
 from ..decode.config import DecodeConfig
 from ..errors import UsageError, UserError
+from . import distributed
 
 HUB_ERRORS = ("ConnectionError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "HfHubHTTPError", "DatasetNotFoundError")
 
@@ -74,20 +79,25 @@ def quiet() -> None:
 
 
 def run(lm, tasks: list[str], profiles: list[tuple[str, DecodeConfig]], manager, options: Options,
-        progress: Callable[[str, int, int], None] | None = None) -> Iterator[dict]:
-    """One record per (task, profile), task by task, profiles in the order given."""
+        progress: Callable[[str, int, int], None] | None = None,
+        world: distributed.World = distributed.World()) -> Iterator[dict]:
+    """One record per (task, profile), task by task, profiles in the order given (on rank 0)."""
     for task in tasks:
         for name, cfg in profiles:
-            yield evaluate_one(lm, task, name, cfg, manager, options, progress)
+            r = evaluate_one(lm, task, name, cfg, manager, options, progress, world)
+            if r is not None:
+                yield r
 
 
-def evaluate_one(lm, task: str, profile: str, cfg: DecodeConfig, manager, options: Options, progress=None) -> dict:
+def evaluate_one(lm, task: str, profile: str, cfg: DecodeConfig, manager, options: Options, progress=None,
+                 world: distributed.World = distributed.World()) -> dict | None:
     from lm_eval import simple_evaluate
 
     from .harness import FastdllmLM
 
     model = FastdllmLM(lm=lm, cfg=cfg, batch_size=options.batch_size, mc_num=options.mc_num,
-                       mc_batch=options.mc_batch, check_greedy=options.check_greedy)
+                       mc_batch=options.mc_batch, check_greedy=options.check_greedy, world=world)
+    model.task = task
     if progress:
         model.progress = lambda done, total: progress(f"{task} · {profile}", done, total)
     started = time.perf_counter()
@@ -100,7 +110,32 @@ def evaluate_one(lm, task: str, profile: str, cfg: DecodeConfig, manager, option
     except Exception as e:
         raise explained(e, task) from None
     wall = time.perf_counter() - started
-    return record(task, profile, cfg, out, model.stats, wall, lm, options)
+    shares = world.report(model.failure, (model.stats, wall))
+    if not world.first:
+        return None
+    stats, wall, ranks = merged(shares)
+    r = record(task, profile, cfg, out, stats, wall, lm, options)
+    return {**r, "processes": world.size, "ranks": ranks}
+
+
+def merged(shares: list) -> tuple:
+    """(the ranks' Stats summed, seconds of the slowest rank, per-rank figures or None alone).
+    Decoding seconds are the slowest rank's: the answers are all there only when it is done, so
+    tokens/s is every rank's answer tokens over that time."""
+    if len(shares) == 1:
+        stats, wall = shares[0]
+        return stats, wall, None
+    total = type(shares[0][0])()
+    for stats, _ in shares:
+        for name in vars(total):
+            if name != "seconds":
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+    total.seconds = max(stats.seconds for stats, _ in shares)
+    ranks = [{"rank": rank, "answers": s.answers, "answer_tokens": s.answer_tokens,
+              "tokens_per_second": round(s.answer_tokens / s.seconds, 3) if s.row_forwards and s.seconds else None,
+              "decode_seconds": round(s.seconds, 4), "seconds": round(wall, 2)}
+             for rank, (s, wall) in enumerate(shares)]
+    return total, max(wall for _, wall in shares), ranks
 
 
 def explained(e: Exception, task: str) -> Exception:

@@ -1,0 +1,49 @@
+"""`--num-processes N` and the launchers, for eval and bench: a command started by torchrun or
+accelerate launch joins its process group (fastdllm/eval/distributed.py), takes its own device
+and share of the cores, and only rank 0 speaks; a command given --num-processes N outside a
+launcher checks its flags, then starts N copies of itself under torchrun's machinery."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from fastdllm.errors import UsageError
+
+from .terminal import err_console
+
+
+def quiet_followers() -> None:
+    """Under a launcher, ranks after the first print nothing from the start (their mistakes are
+    rank 0's too, which says them once; their failures are reported by rank 0)."""
+    if int(os.environ.get("RANK", "0")) > 0:
+        err_console.quiet = True
+
+
+def wanted(processes: int | None) -> bool:
+    """Whether this command should start the processes itself (not yet under a launcher)."""
+    if processes is not None and processes < 1:
+        raise UsageError(f"--num-processes {processes}: give at least 1")
+    return bool(processes and processes > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1)
+
+
+def launch(processes: int) -> int:
+    """Run this command line again in `processes` processes; their exit code."""
+    from fastdllm.eval.distributed import launch as start
+
+    return start(processes, sys.argv[1:])
+
+
+def join(processes: int | None, placement: dict):
+    """This process's World; under a launcher its device goes into `placement`, and ranks after
+    the first print nothing (rank 0 reports for all, their failures included)."""
+    from fastdllm.eval import distributed
+
+    world = distributed.from_env()
+    if processes is not None and processes != world.size:
+        raise UsageError(f"--num-processes {processes}, but the launcher started {world.size} processes")
+    if world.size > 1:
+        err_console.quiet = not world.first
+        placement["device"] = world.device(placement["device"])
+        world.share_threads()
+    return world
