@@ -255,12 +255,15 @@ def test_seeded_sampling_with_the_draws_injected(checkpoints, temperature, steps
 
 def test_generate_chat_and_info_through_the_cli(checkpoints):
     lm, naive = checkpoints("main")
-    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "16", "--block-len", "16", "--raw",
+    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "16", "--raw",
                             "Question: 1+1?\nAnswer:").stdout)
     assert record["profile"] == "rnd1" and record["model"]["attention"] == "bidirectional"
     cfg = record["config"]
     assert (cfg["rule"], cfg["confidence"], cfg["steps"], cfg["cache"], cfg["temperature"], cfg["seed"]) == (
         "entropy_schedule", "entropy", 256, "none", 0.01, 1234)
+    assert cfg["block_len"] == 16                                       # one global canvas, whatever -n
+    r = cli("generate", "-m", lm.path, "-n", "16", "--block-len", "8", "--raw", "hi")
+    assert r.exit_code == 2 and "must equal gen_len 16" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert record["nfe"] == 16 and len(record["ids"]) <= 16
     info = json.loads(cli("info", lm.path, "--json").stdout)
     assert (info["family"], info["architectures"], info["mask_id"]) == ("rnd1", ["RND1"], MASK_ID)
@@ -278,3 +281,13 @@ def test_quantized_on_cpu(checkpoints, quantize):
     assert moe.gate.weight.dtype == torch.bfloat16                     # the router is not quantized
     result = run(lm.decoder, [prompt_of(5)], config(16, 8))
     assert result.nfe == 8 and MASK_ID not in result.canvas[0].tolist()
+
+
+def test_bench_rows_for_a_whole_canvas_schedule(checkpoints):
+    lm, _ = checkpoints("main")
+    r = cli("bench", "-m", lm.path, "-n", "32", "--n-prompts", "1", "--warmup", "0", "--raw", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
+    assert list(records) == ["baseline", "fewer-steps", "parallel", "dual+parallel"]
+    assert (records["baseline"]["rule"], records["baseline"]["block_len"]) == ("entropy_schedule", 32)
+    assert (records["dual+parallel"]["rule"], records["dual+parallel"]["cache"]) == ("threshold", "dual")

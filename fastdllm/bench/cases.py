@@ -42,6 +42,15 @@ RENOISE_CONFIGS = {row.name: row for row in [
     Row("fewer-steps", {"denoise_steps": 16}, "at most 16 denoising steps per canvas"),
     Row("looser-bound", {"entropy_bound": 0.5}, "entropy bound 0.5: more positions kept at every step"),
 ]}
+# A whole-canvas schedule (RND1's entropy schedule, one global canvas): its own setting, fewer steps,
+# and Fast-dLLM's parallel rule and caches over blocks of 32 (confidence: the probability again)
+_FAST = {"rule": "threshold", "threshold": 0.9, "confidence": "prob", "steps": "none", "block_len": 32}
+CANVAS_CONFIGS = {row.name: row for row in [
+    Row("baseline", {}, "the family's own schedule over one global canvas, one token per step: the reference"),
+    Row("fewer-steps", {"steps": 64}, "the same schedule in 64 steps"),
+    Row("parallel", {"cache": "none", **_FAST}, "blocks of 32, no cache, commit every token with probability >= 0.9"),
+    Row("dual+parallel", {"cache": "dual", **_FAST}, "blocks of 32, DualCache + threshold 0.9 (Fast-dLLM's setting)"),
+]}
 # LLaDA2.1 (its model card's modes, docs/llada2-editing.md): token editing against the same commit
 # thresholds without it, over the prefix cache (exact: block-causal)
 def _mode(threshold: float, edit: float | None) -> dict:
@@ -62,13 +71,15 @@ BASELINE = "baseline"
 
 
 def table_for(model_dir: Path | None) -> dict[str, Row]:
-    """The rows that fit the model: the renoising sampler's, or the cache and rule rows (and, for
+    """The rows that fit the model: the renoising sampler's, a whole-canvas schedule's, or the cache and rule rows (and, for
     LLaDA2.x, the token-editing modes beside the same thresholds without editing)."""
     from ..decode.profiles import default_profile_for, model_defaults
 
     rule = model_defaults(model_dir).get("rule", "threshold")
     if RULES[rule].renoise:
         return RENOISE_CONFIGS
+    if RULES[rule].whole_canvas:
+        return CANVAS_CONFIGS
     return {**CONFIGS, **EDIT_CONFIGS} if default_profile_for(model_dir) in EDITING_PROFILES else CONFIGS
 
 

@@ -59,6 +59,9 @@ class DecodeConfig:
                 f"(gen_len {self.gen_len} / block_len {self.block_len})")
         if rule.scheduled and self.total_steps > self.gen_len:
             raise ConfigError(f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
+        if rule.whole_canvas and self.block_len != self.gen_len:
+            raise ConfigError(f"the {self.rule} rule decodes one global canvas: block_len {self.block_len} must equal "
+                              f"gen_len {self.gen_len} (leave block_len unset)")
         if rule.measure and self.confidence != rule.measure:
             raise ConfigError(f"the {self.rule} rule needs confidence {rule.measure} (got '{self.confidence}')")
         if rule.renoise and self.t_max < self.t_min:

@@ -36,10 +36,11 @@ FAMILY_DEFAULTS = {
     "LLaDAMoEModelLM": ("llada-moe", lambda c, g: {
         "block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}),
     "diffusion_gemma": ("diffusion-gemma", _diffusion_gemma),
-    # RND1's diffusion_sample (docs/rnd1.md 5): one global canvas, its entropy schedule over
-    # num_diffusion_steps steps, no cache (the reference recomputes the whole canvas every step)
+    # RND1's diffusion_sample (docs/rnd1.md 5): one global canvas (the rule sets block_len to
+    # gen_len), its entropy schedule over num_diffusion_steps steps, no cache (the reference
+    # recomputes the whole canvas every step)
     "rnd1": ("rnd1", lambda c, g: {
-        "gen_len": 256, "block_len": 256, "rule": "entropy_schedule", "confidence": "entropy",
+        "gen_len": 256, "rule": "entropy_schedule", "confidence": "entropy",
         "steps": c.get("num_diffusion_steps") or 256, "cache": "none"}),
 }
 FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]

@@ -20,8 +20,10 @@ import yaml
 from ..errors import UsageError
 from .config import ConfigError, DecodeConfig
 from .family_defaults import decode_defaults, default_profile
+from .rules import RULES
 
 ENV_PREFIX = "FASTDLLM_"
+DEFAULTS = DecodeConfig()
 
 
 @dataclass(frozen=True)
@@ -134,4 +136,6 @@ def resolve(profile: Profile | None, flags: dict[str, Any], model_dir: Path | No
             merged.update(DecodeConfig.parse(values))   # a bad value is reported with its layer
         except ConfigError as e:
             raise UsageError(f"{label}: {e}") from None
+    if RULES[merged.get("rule", DEFAULTS.rule)].whole_canvas and "block_len" not in merged:
+        merged["block_len"] = merged.get("gen_len", DEFAULTS.gen_len)      # one global canvas (RND1)
     return DecodeConfig.from_dict(merged)

@@ -27,6 +27,7 @@ class Rule:
     by_position: bool = False             # commits the leftmost candidates, not the most confident
     measure: str | None = None            # the confidence measure it needs, if one
     renoise: bool = False                 # a renoising sampler's acceptance (DiffusionGemma), not a commit rule
+    whole_canvas: bool = False            # defined over one global canvas: block_len is gen_len (RND1)
 
 
 def _threshold(sorted_conf, cfg, scheduled):
@@ -71,7 +72,7 @@ def _entropy_schedule(sorted_conf, cfg, scheduled):
     # (t = S-1, ..., 1; none after the last), the product in float32 as theirs (an integer M t / S
     # may round below). From the m still masked (the candidates) the next of these states below m:
     # the steps that would commit nothing (S > M, or a float32 step of two) are skipped.
-    # M is the block (RND1: one global canvas, block_len = gen_len); confidences are -entropy.
+    # M is the block: the whole canvas (Rule.whole_canvas, block_len = gen_len); confidences are -entropy.
     m = (sorted_conf > float("-inf")).sum(-1)                                  # (B,)
     t = sorted_conf.new_ones(cfg.steps_per_block).double().cumsum(0) - 1      # (S,) 0 .. S-1
     kept = (cfg.block_len * (t / cfg.steps_per_block).float()).long()         # (S,) masks left after step t
@@ -125,7 +126,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          lambda v, n: f"entropy schedule, {v} steps", lambda v, n: f"H/{v}",
          "RND1's schedule: after step t of S, floor(M t / S) of a block's M masks stay masked, the "
          "highest-entropy ones; the others take their prediction (docs/rnd1.md 5)",
-         measure="entropy"),
+         measure="entropy", whole_canvas=True),
 ]}
 
 
