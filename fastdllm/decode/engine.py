@@ -35,7 +35,7 @@ from .events import (
 )
 from .graphs import SpanForward
 from .rules import RULES
-from .selection import fixed_schedule, predict, select, select_edits
+from .selection import fixed_schedule, max_without, predict, select, select_edits
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
@@ -103,7 +103,7 @@ class Batch:
         cfg, canvas, specials = self.cfg, self.canvas, self.decoder.specials
         host, B, T, causal = canvas.host, len(self.prompts), canvas.length, self.causal
         device = self.decoder.device
-        banned = torch.tensor([specials.mask], device=device)
+        banned = (specials.mask,)                                     # never predicted (host ints)
         stops = torch.tensor(specials.stops)
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         starts = torch.tensor(canvas.starts)[:, None]
@@ -224,7 +224,7 @@ def _complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: 
     wanted = bool(model.logit_shift) and e < T
     at = torch.full((B, 1), e if wanted else e - 1)                 # logits: the next block's first slot
     logits = forward((s, e), at.to(forward.canvas.device))
-    tokens = logits.index_fill(-1, torch.tensor([mask], device=logits.device), float("-inf")).argmax(-1).cpu()
+    tokens = max_without(logits, [mask])[1].cpu()                   # the argmax, never the mask id
     chosen = (host.gather(1, at) == mask) & wanted                  # (B, 1)
     host.scatter_(1, at, torch.where(chosen, tokens, host.gather(1, at)))
     device = forward.canvas.device
