@@ -161,7 +161,8 @@ def launch(processes: int, argv: list[str]) -> int:
         rank, failure = e.get_first_failure()
         code = failure.exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        print(f"error: rank {rank} ended ({how}); the finished results are kept in --output", file=sys.stderr)
+        print(f"error: rank {rank} ended ({how}); the run stopped, its finished results kept in --output if given",
+              file=sys.stderr)
         return 1
     return 0
 
@@ -180,7 +181,8 @@ def copies(requests) -> list[int | None]:
 
 
 def padded(requests, out: list) -> list:
-    """Padding copies answered as their Instance's first copy (lm-eval ignores them)."""
+    """Padding copies answered as their Instance's first copy (lm-eval appends them to its
+    responses, where the filters take the first)."""
     first: dict[int, object] = {}
     for r, answer in zip(requests, out):
         first.setdefault(id(r), answer)
