@@ -89,6 +89,7 @@ def record(config="baseline", tps=10.0, gen_len=32, block_len=8, batch_size=1, *
          "warmup": 1, "model": "/m/tiny", "model_name": "tiny", "family": "llada", "device": "cpu",
          "dtype": "float32", "quantize": "none", "torch": "2", "transformers": "5", "fastdllm": "0.1.0"}
     r.update(extra)
+    r["group"] = [r["gen_len"], r["block_len"], r["batch_size"]]          # the sweep's: one baseline each
     return r
 
 

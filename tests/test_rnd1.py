@@ -291,3 +291,4 @@ def test_bench_rows_for_a_whole_canvas_schedule(checkpoints):
     assert list(records) == ["baseline", "fewer-steps", "parallel", "dual+parallel"]
     assert (records["baseline"]["rule"], records["baseline"]["block_len"]) == ("entropy_schedule", 32)
     assert (records["dual+parallel"]["rule"], records["dual+parallel"]["cache"]) == ("threshold", "dual")
+    assert records["dual+parallel"]["speedup"] is not None          # blocks of 32 against the canvas baseline

@@ -103,11 +103,13 @@ class Case:
     name: str
     cfg: DecodeConfig
     batch_size: int
+    swept_block_len: int | None = None     # the sweep's block_len (None: each row's own)
 
     @property
-    def group(self) -> tuple[int, int, int]:
-        """Cases of one group share a baseline."""
-        return self.cfg.gen_len, self.cfg.block_len, self.batch_size
+    def group(self) -> tuple[int, int | None, int]:
+        """Cases of one group share a baseline: the sweep's (gen_len, block_len, batch size), so rows
+        that choose their own blocks (Fast-dLLM's beside a whole-canvas schedule) meet its baseline."""
+        return self.cfg.gen_len, self.swept_block_len, self.batch_size
 
 
 def pick_rows(names: list[str] | None, profiles: list[Profile] = (), table: dict[str, Row] = CONFIGS) -> list[Row]:
@@ -143,7 +145,7 @@ def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
                                  f"{str(e).removeprefix('flags: ')}") from None
             param = RULES[cfg.rule].param
             for value in swept_values(sweep, param) or [None]:
-                cases.append(Case(row.name, cfg if value is None else replace(cfg, **{param: value}), batch))
+                cases.append(Case(row.name, cfg if value is None else replace(cfg, **{param: value}), batch, block_len))
     return cases
 
 

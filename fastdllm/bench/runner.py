@@ -145,7 +145,7 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
     cfg = case.cfg
     record = {
         "config": case.name, "cache": cfg.cache, **rule_fields(cfg),
-        "block_len": cfg.block_len, "batch_size": case.batch_size,
+        "block_len": cfg.block_len, "batch_size": case.batch_size, "group": list(case.group),
         "tokens_per_second": round(statistics.mean(speeds), 3),
         "tokens_per_second_std": round(statistics.stdev(speeds), 3) if len(speeds) > 1 else None,
         "speedup": None,
@@ -196,7 +196,7 @@ def compare(measured: list[Measured]) -> list[dict]:
     """Fill speedup (tokens/s ratio) and agreement against the baseline of each record's group;
     left None where the group has no baseline row. Returns the records."""
     def group(m):
-        return m.record["gen_len"], m.record["block_len"], m.record["batch_size"]
+        return tuple(m.record["group"])
 
     baselines = {group(m): m for m in measured if m.record["config"] == BASELINE}
     for m in measured:
