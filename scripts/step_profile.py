@@ -7,7 +7,8 @@
 Real decode steps through the engine (fixed rule, one token per step, greedy, prob confidence) on
 random models built in memory (scripts/speed.py's builder). The engine's forward is wrapped in a
 clock; "rest" is the step's wall time minus its forward: confidence, selection, commits, the
-candidates' gather, the host transfer and the block loop's own work. The modes' repetitions are
+candidates' gather, the host transfer and the block loop's own work; "predict" is the part of the
+rest spent in selection.predict (confidences and tokens over the vocabulary). The modes' repetitions are
 interleaved (none prefix dual none prefix dual ...); the table gives medians per step and the
 spread (min-max) of the rest's share over the repetitions.
 """
@@ -30,6 +31,7 @@ from speed import (  # scripts/speed.py: random weights of any shape
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream
+from fastdllm.decode import engine, selection
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import stepper
 from fastdllm.decode.events import StepEvent
@@ -66,8 +68,9 @@ SHAPES = {
 }
 
 
-class TimedForward:
-    """The engine's SpanForward with a clock around each call (CPU: the call is synchronous)."""
+class Clock:
+    """A callable with a clock around each call (CPU: calls are synchronous); other attributes are
+    the wrapped object's (the engine's SpanForward)."""
 
     def __init__(self, inner):
         self.inner, self.seconds = inner, 0.0
@@ -75,21 +78,28 @@ class TimedForward:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         start = time.perf_counter()
-        out = self.inner(*args)
+        out = self.inner(*args, **kwargs)
         self.seconds += time.perf_counter() - start
         return out
 
 
-def timed_run(lm, prompt: list[int], cfg: DecodeConfig) -> tuple[float, float, int]:
-    """(step seconds, forward seconds, steps) of one generation; the setup (cache, canvas) is not counted."""
+def timed_run(lm, prompt: list[int], cfg: DecodeConfig) -> dict[str, float]:
+    """Milliseconds per step of one generation: the step, its forward, its `predict` (the engine's
+    confidence and prediction, a part of the rest); the setup (cache, canvas) is not counted."""
     batch = stepper(lm.decoder, [prompt], cfg)
-    batch.forward = timed = TimedForward(batch.forward)
-    steps, start = 0, time.perf_counter()
-    for event in batch.events():
-        steps += isinstance(event, StepEvent)
-    return time.perf_counter() - start, timed.seconds, steps
+    batch.forward = forward = Clock(batch.forward)
+    engine.predict = predict = Clock(selection.predict)
+    try:
+        steps, start = 0, time.perf_counter()
+        for event in batch.events():
+            steps += isinstance(event, StepEvent)
+        total = time.perf_counter() - start
+    finally:
+        engine.predict = selection.predict
+    return {"step": 1000 * total / steps, "fwd": 1000 * forward.seconds / steps,
+            "predict": 1000 * predict.seconds / steps}
 
 
 def profile_shape(lm, args, label: str) -> None:
@@ -105,12 +115,10 @@ def profile_shape(lm, args, label: str) -> None:
         for mode in modes:
             runs[mode].append(timed_run(lm, prompt, config(mode, args.gen_len)))
     for mode in modes:
-        step = [1000 * total / n for total, _, n in runs[mode]]
-        fwd = [1000 * f / n for _, f, n in runs[mode]]
-        rest = [s - f for s, f in zip(step, fwd)]
-        share = [r / s for r, s in zip(rest, step)]
-        print(f"{label:5s} {args.dtype:5s} {mode:7s} {statistics.median(step):9.2f} {statistics.median(fwd):9.2f} "
-              f"{statistics.median(rest):8.2f} {100 * statistics.median(share):6.1f}%   "
+        median = {key: statistics.median(r[key] for r in runs[mode]) for key in ("step", "fwd", "predict")}
+        share = [(r["step"] - r["fwd"]) / r["step"] for r in runs[mode]]
+        print(f"{label:5s} {args.dtype:5s} {mode:7s} {median['step']:9.2f} {median['fwd']:9.2f} "
+              f"{median['step'] - median['fwd']:8.2f} {median['predict']:8.2f} {100 * statistics.median(share):6.1f}%   "
               f"{100 * min(share):5.1f}-{100 * max(share):5.1f}%", flush=True)
 
 
@@ -138,7 +146,7 @@ def main() -> None:
                 lm = build(dtype, Path(tmp))
             print(f"# {name}: {text}")
             print(f"{'shape':5s} {'dtype':5s} {'cache':7s} {'step ms':>9s} {'fwd ms':>9s} {'rest ms':>8s} "
-                  f"{'rest':>7s}   spread", flush=True)
+                  f"{'predict':>8s} {'rest':>7s}   spread", flush=True)
             profile_shape(lm, Namespace(**vars(args), dtype=dtype), name)
             del lm
 
