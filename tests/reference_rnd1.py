@@ -48,7 +48,7 @@ def canvas(prefix: list[int], *, seq_len: int, mask: int, pad: int, eos: int, su
 
 
 def sample(net: NaiveRND1, x: list[int], maskable: list[bool], *, num_steps: int, mask: int, temperature=1.0,
-           greedy=True, ban_mask=True, draws: torch.Generator | None = None):
+           greedy=True, ban_mask=True, draws: torch.Generator | None = None, eb_gamma: float | None = None):
     """The sampling loop on canvas `x`. Returns (final ids, forwards, steps: per step that began with
     masks, the sorted [(position, token)] it unmasked (empty where it unmasked nothing); one forward
     precedes each such step)."""
@@ -70,23 +70,34 @@ def sample(net: NaiveRND1, x: list[int], maskable: list[bool], *, num_steps: int
             gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
             for slot, i in enumerate(at):                 # position i is predicted from i - 1
                 pred[i - 1] = (chooser[i - 1] + gumbel[slot]).argmax()
-        # shifted: position i takes the prediction and entropy of position i - 1
-        return [x[0]] + pred[:-1].tolist(), [0.0] + entropy[:-1].tolist()
+        conf = logp.gather(-1, pred[:, None])[:, 0]              # log p of each prediction
+        # shifted: position i takes the prediction, entropy and confidence of position i - 1
+        return [x[0]] + pred[:-1].tolist(), [0.0] + entropy[:-1].tolist(), [float("-inf")] + conf[:-1].tolist()
 
-    pred, entropy = scores()
+    pred, entropy, conf = scores()
     total = sum(maskable)
     steps = []
     for step in range(num_steps - 1, 0, -1):
         if not any(maskable):
             continue                                      # nothing left: no record, no forward
-        keep = int((torch.tensor([total]) * (step / num_steps)).long())   # float32, as the authors'
-        masked = sorted((i for i in range(len(x)) if maskable[i]), key=lambda i: (-entropy[i], i))
-        unmask = sorted(masked[keep:])
+        if eb_gamma is not None:              # most probable first; entropies summed less their max
+            ranked = sorted((i for i in range(len(x)) if maskable[i]), key=lambda i: (-conf[i], i))
+            unmask, acc, peak = [], 0.0, 0.0
+            for i in ranked:
+                acc, peak = acc + entropy[i], max(peak, entropy[i])
+                if acc - peak > eb_gamma:
+                    break
+                unmask.append(i)
+            unmask.sort()
+        else:
+            keep = int((torch.tensor([total]) * (step / num_steps)).long())   # float32, as the authors'
+            masked = sorted((i for i in range(len(x)) if maskable[i]), key=lambda i: (-entropy[i], i))
+            unmask = sorted(masked[keep:])
         for i in unmask:
             x[i], maskable[i] = pred[i], False
         steps.append([(i, x[i]) for i in unmask])
         if any(maskable):
-            pred, entropy = scores()
+            pred, entropy, conf = scores()
     rest = [i for i in range(len(x)) if maskable[i]]
     for i in rest:
         x[i] = pred[i]

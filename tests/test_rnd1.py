@@ -69,24 +69,25 @@ def ours(lm, row, holes, cfg):
     return steps, result
 
 
-def config(n, steps, **kw):
-    return DecodeConfig(gen_len=n, block_len=n, steps=steps, rule="entropy_schedule", confidence="entropy",
-                        cache="none", **kw)
+def config(n, steps, eb_gamma=None, **kw):
+    rule = {"rule": "entropy_schedule", "confidence": "entropy"} if eb_gamma is None else \
+        {"rule": "eb_gamma", "confidence": "logprob", "entropy_bound": eb_gamma}
+    return DecodeConfig(gen_len=n, block_len=n, steps=steps, cache="none", **rule, **kw)
 
 
-def check(lm, naive, x, maskable, steps, *, temperature=0.0, seed=0):
+def check(lm, naive, x, maskable, steps, *, temperature=0.0, seed=0, eb_gamma=None):
     """The engine on canvas x (its masks one hole) against the transcription: every committed pair,
     the final canvas and NFE (the transcription's forwards that commit nothing are skipped)."""
     holes = [(maskable.index(True), len(maskable) - maskable[::-1].index(True))]
     n = holes[0][1] - holes[0][0]
-    got, result = ours(lm, x, holes, config(n, steps, temperature=temperature, seed=seed))
+    got, result = ours(lm, x, holes, config(n, steps, eb_gamma, temperature=temperature, seed=seed))
     draws = torch.Generator().manual_seed(seed) if temperature else None
-    final, forwards, expected = ref.sample(naive, x, maskable, num_steps=steps, mask=MASK_ID,
+    final, forwards, expected = ref.sample(naive, x, maskable, num_steps=steps, mask=MASK_ID, eb_gamma=eb_gamma,
                                            temperature=temperature or 1.0, greedy=not temperature, draws=draws)
     assert got == [s for s in expected if s]
     assert result.canvas[0].tolist() == final[holes[0][0]:holes[0][1]]
     assert forwards == len(expected) and result.nfe == len([s for s in expected if s])
-    if all(expected):
+    if all(expected) and eb_gamma is None:
         assert result.nfe == forwards == min(steps, n)     # S <= M: exactly S forwards, as the authors
     return got
 
@@ -203,6 +204,21 @@ def test_generate_as_the_authors(checkpoints, new, steps):
     got = check(lm, naive, x, maskable, steps)
     if (new, steps) == (23, 22):
         assert sorted(len(s) for s in got)[-1] == 2 and len(got) == 21   # the authors: 22 forwards
+
+
+@pytest.mark.parametrize("steps, temperature", [(12, 0.0), (3, 0.0), (12, 0.7)])
+def test_the_entropy_bound_as_the_authors(checkpoints, steps, temperature):
+    """eb_gamma: most probable first, their entropies less the largest bounded; what is left at step
+    S takes its prediction. A tighter bound takes more steps; 3 steps end on the fill."""
+    lm, naive = checkpoints("main")
+    prompt = prompt_of(6, seed=steps)
+    x, maskable = ref.canvas(prompt, seq_len=len(prompt) + 13, mask=MASK_ID, pad=PAD_ID, eos=EOS_ID)
+    sizes = {gamma: [len(s) for s in check(lm, naive, x, maskable, steps, temperature=temperature, seed=5,
+                                           eb_gamma=gamma)] for gamma in (0.05, 1.0, 20.0)}
+    assert all(sum(v) == 12 for v in sizes.values())
+    assert len(sizes[0.05]) >= len(sizes[1.0]) >= len(sizes[20.0]) and len(sizes[0.05]) > len(sizes[20.0])
+    if steps == 3:
+        assert len(sizes[0.05]) == 3 and sizes[0.05][-1] > 1          # the fill at step S
 
 
 def test_the_eos_at_the_end_and_a_probable_mask(checkpoints):

@@ -35,7 +35,14 @@ from .events import (
 )
 from .graphs import SpanForward
 from .rules import RULES
-from .selection import fixed_schedule, max_without, predict, select, select_edits
+from .selection import (
+    block_schedule,
+    entropy_of,
+    max_without,
+    predict,
+    select,
+    select_edits,
+)
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
@@ -124,7 +131,7 @@ class Batch:
             if causal and cfg.early_stop and bool(ended().all()):
                 break                                                   # a store pass committed the stop
             counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
-            schedule = fixed_schedule(counted, cfg.steps_per_block)
+            schedule = block_schedule(counted, cfg)
             rows, step = BlockRows(B, cfg), 0                           # editing.py: who takes the next step
             while rows.begin(block_masked := host[:, s:e] == specials.mask):
                 candidates, sub = sub_block(block_masked & rows.live[:, None], cfg.sub_block_len, s, host, specials.mask)
@@ -206,7 +213,8 @@ def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ba
     logits = forward(span, pos_dev).to(device)                                      # (B, K, V)
     tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
                            banned=banned, generator=generator)
-    chosen = select(conf, candidate.to(device), cfg, scheduled.to(device))
+    bound = entropy_of(logits, cfg.temperature) if RULES[cfg.rule].bound == "entropy" else None   # RND1's eb_gamma
+    chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)
     current = canvas.gather(1, pos_dev)
     edited = (torch.zeros_like(chosen) if editable is None else
               select_edits(tokens, conf, current, editable.gather(1, order).to(device), cfg.edit_threshold))

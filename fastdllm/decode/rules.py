@@ -28,6 +28,8 @@ class Rule:
     measure: str | None = None            # the confidence measure it needs, if one
     renoise: bool = False                 # a renoising sampler's acceptance (DiffusionGemma), not a commit rule
     whole_canvas: bool = False            # defined over one global canvas: block_len is gen_len (RND1)
+    bound: str | None = None              # a second number per candidate its count reads ("entropy")
+    fills_last_step: bool = False         # commits whatever is left at step S (selection.block_schedule)
 
 
 def _threshold(sorted_conf, cfg, scheduled):
@@ -80,6 +82,15 @@ def _entropy_schedule(sorted_conf, cfg, scheduled):
     return m - below.max(-1).values
 
 
+def _eb_gamma(sorted_conf, cfg, scheduled, sorted_entropy):
+    # RND1's eb_gamma: candidates ranked by log p of their token, best first; the longest prefix whose
+    # entropies, less the largest of them, add up to at most the bound (the first always); at step S
+    # whatever is left (the schedule's count then). Non-candidates (-inf) rank last and are not counted.
+    excess = sorted_entropy.cumsum(-1) - sorted_entropy.cummax(-1).values
+    n = ((excess <= cfg.entropy_bound) & (sorted_conf > float("-inf"))).long().cumprod(-1).sum(-1)
+    return n.maximum(scheduled)
+
+
 def _steps_text(steps: int, gen_len: int) -> str:
     return "1/step" if steps == gen_len else f"{steps} steps"
 
@@ -127,6 +138,11 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "RND1's schedule: after step t of S, floor(M t / S) of a block's M masks stay masked, the "
          "highest-entropy ones; the others take their prediction (docs/rnd1.md 5)",
          measure="entropy", whole_canvas=True),
+    Rule("eb_gamma", "entropy_bound", _eb_gamma, lambda cfg: cfg.entropy_bound,
+         lambda v, n: f"entropy bound {v:g} (RND1)", lambda v, n: f"EBg<={v:g}",
+         "RND1's eb_gamma: the most probable masks whose entropies, less their largest, add up to at "
+         "most entropy_bound; whatever is left at step S (steps) takes its prediction (docs/rnd1.md 5)",
+         measure="logprob", whole_canvas=True, bound="entropy", fills_last_step=True, scheduled=True),
 ]}
 
 

@@ -56,14 +56,26 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
         p = torch.sub(logits, log_z, out=shifted).exp_()                                 # reuses the buffer
         confidence = (p + 1e-10).log_().mul_(p).sum(-1)
     elif measure == "entropy":   # RND1's: sum p log p of softmax(logits / T) (T = 1 when greedy), no epsilon
-        scaled = logits.to(work) / (temperature if temperature > 0 else 1.0)
-        log_p = scaled - scaled.logsumexp(-1, keepdim=True)
-        confidence = (log_p.exp() * log_p).sum(-1)
+        confidence = -entropy_of(logits, temperature)
+    elif measure == "logprob":   # RND1's eb_gamma ranking: log p of the token under softmax(logits / T)
+        confidence = tempered_log_p(logits, temperature).gather(-1, tokens[..., None])[..., 0]
     elif measure == "random":    # LLaDA's 'random' remasking
         confidence = torch.rand(tokens.shape, generator=generator, device=logits.device, dtype=work)
     else:
         raise ValueError(f"unknown confidence measure {measure!r}")
     return tokens, confidence
+
+
+def tempered_log_p(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """RND1's scores (docs/rnd1.md 5): log_softmax(logits / T) at fp32 or better, T = 1 when greedy."""
+    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / (temperature if temperature > 0 else 1.0)
+    return scaled - scaled.logsumexp(-1, keepdim=True)
+
+
+def entropy_of(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, K) the entropy -sum p log p of RND1's tempered distribution (no epsilon, as the authors')."""
+    log_p = tempered_log_p(logits, temperature)
+    return -(log_p.exp() * log_p).sum(-1)
 
 
 def banned_ids(banned: Sequence[int] | torch.Tensor) -> list[int]:
@@ -109,22 +121,37 @@ def fixed_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:
     return base + (torch.arange(steps, device=masked.device)[None, :] < remainder).long()
 
 
+def block_schedule(counted: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
+    """(B, S) the counts a block's steps must reach at least: LLaDA's fixed schedule, or for a rule
+    that fills at its last step (RND1's eb_gamma) nothing before step S and everything at it."""
+    steps = cfg.steps_per_block
+    if not RULES[cfg.rule].fills_last_step:
+        return fixed_schedule(counted, steps)
+    schedule = torch.zeros(counted.shape[0], steps, dtype=torch.long, device=counted.device)
+    schedule[:, -1] = counted
+    return schedule
+
+
 def commit_counts(sorted_conf: torch.Tensor, candidates: torch.Tensor, cfg: DecodeConfig,
-                  scheduled: torch.Tensor | None = None) -> torch.Tensor:
+                  scheduled: torch.Tensor | None = None, sorted_bound: torch.Tensor | None = None) -> torch.Tensor:
     """How many to commit per row (the rule's count, rules.py). sorted_conf (B, K) descending,
-    non-candidates at -inf; candidates (B,) their number; scheduled (B,) the fixed schedule's counts."""
-    n = RULES[cfg.rule].count(sorted_conf, cfg, scheduled)
+    non-candidates at -inf; candidates (B,) their number; scheduled (B,) the schedule's counts;
+    sorted_bound (B, K): a rule's second number per candidate (the entropy it bounds), same order."""
+    rule = RULES[cfg.rule]
+    n = rule.count(sorted_conf, cfg, scheduled, sorted_bound) if rule.bound else rule.count(sorted_conf, cfg, scheduled)
     return torch.minimum(n.clamp_min(1), candidates)   # at least the best one; never beyond candidates
 
 
 def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
-           scheduled: torch.Tensor | None = None) -> torch.Tensor:
-    """confidence, candidate (B, K) -> (B, K) bool: the n most confident candidates of each row."""
+           scheduled: torch.Tensor | None = None, bound: torch.Tensor | None = None) -> torch.Tensor:
+    """confidence, candidate (B, K) -> (B, K) bool: the n most confident candidates of each row.
+    bound (B, K): the rule's second number per candidate, where it has one (Rule.bound)."""
     if RULES[cfg.rule].by_position:        # candidates come in position order: rank by index
         confidence = -torch.arange(confidence.shape[-1], device=confidence.device, dtype=confidence.dtype).expand_as(confidence)
     conf = confidence.masked_fill(~candidate, float("-inf"))
     sorted_conf, order = conf.sort(dim=-1, descending=True, stable=True)
-    n = commit_counts(sorted_conf, candidate.sum(-1), cfg, scheduled)
+    sorted_bound = None if bound is None else bound.gather(-1, order)
+    n = commit_counts(sorted_conf, candidate.sum(-1), cfg, scheduled, sorted_bound)
     take = torch.arange(conf.shape[-1], device=conf.device)[None, :] < n[:, None]   # in sorted order
     return torch.zeros_like(take).scatter(-1, order, take)
 
