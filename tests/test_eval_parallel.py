@@ -28,9 +28,11 @@ SAME = ["task", "profile", "metric", "value", "stderr", "metrics", "samples", "a
 
 
 def run(args: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """A command in the repository's root (the tasks' data paths are relative to it)."""
+    """A command in the repository's root (the tasks' data paths are relative to it). PYTHONSAFEPATH:
+    `-m fastdllm` imports the installed package, not the source folder of the same name in the
+    working directory (whose `cli/` is installed as `fastdllm.cli`: not importable from there)."""
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONSAFEPATH": "1", **(env or {})})
 
 
 def fastdllm(*args) -> list[str]:

@@ -154,7 +154,7 @@ def test_bench_output_that_cannot_be_written_is_refused_before_loading(llada_dir
 def test_bench_rows_are_on_disk_as_they_finish_and_kept_on_failure(llada_dir, tmp_path, monkeypatch, failure, code):
     from fastdllm.bench import runner as bench
 
-    out, real_measure, seen = tmp_path / "r.jsonl", bench.measure, []
+    out, real_measure, seen = tmp_path / "r.jsonl", bench.measure_share, []
 
     def failing_after_two(*args, **kwargs):
         for m in real_measure(*args, **kwargs):
@@ -163,7 +163,7 @@ def test_bench_rows_are_on_disk_as_they_finish_and_kept_on_failure(llada_dir, tm
                 raise failure("out of memory")
             yield m
 
-    monkeypatch.setattr(bench, "measure", failing_after_two)
+    monkeypatch.setattr(bench, "measure_share", failing_after_two)
     if code is None:
         with pytest.raises(RuntimeError):
             invoke(*BENCH, "-m", llada_dir, "--output", out)

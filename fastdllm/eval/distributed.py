@@ -17,6 +17,7 @@ eval task, a bench row), to exercise the failure path (tests/test_eval_parallel.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 from dataclasses import dataclass
@@ -31,10 +32,13 @@ WAIT = timedelta(days=7)
 
 
 class RankFailed(UserError):
-    """Work raised on one rank; every rank stops at the exchange, rank 0 names it."""
+    """Work raised on one rank; every rank stops at the exchange, rank 0 names it. Only rank 0's
+    exit code says so (`here`: the rank raising this): a follower leaving with 1 before rank 0
+    has could make the launcher stop rank 0 and report the follower in a second line."""
 
-    def __init__(self, rank: int, message: str):
+    def __init__(self, rank: int, message: str, here: int = 0):
         super().__init__(f"rank {rank}: {message}")
+        self.exit_code = 1 if here == 0 else 0
 
 
 class PeersLost(UserError):
@@ -84,7 +88,7 @@ class World:
         gathered = self.all_gather((failure, result))
         for rank, (failed, _) in enumerate(gathered):
             if failed is not None:
-                raise RankFailed(rank, failed)
+                raise RankFailed(rank, failed, here=self.rank)
         return [r for _, r in gathered]
 
     def device(self, requested: str) -> str:
@@ -128,7 +132,21 @@ def from_env() -> World:
                   int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=WAIT)
+        atexit.register(_leave)
     return world
+
+
+def _leave() -> None:
+    """At exit, every rank together: gloo's threads still running when the interpreter ends, or a
+    peer closing its connections while they run, abort the process ("terminate called without an
+    active exception"), which the launcher reports as a failure. A peer already gone is no error."""
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except RuntimeError:
+        pass
+    dist.destroy_process_group()
 
 
 def injected(world: World, name: str | None) -> None:
