@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import DecoderStack
-from .qwen import head_dim_of
-from .sdar_moe import SDARMoeConfig, SDARMoeDecoderLayer
+from .sdar_moe import Qwen3MoeStack, SDARMoeConfig
 
 # The authors' constants (configuration_rnd.py): sizes, used where config.json omits a key.
 RND1_SIZES = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
@@ -41,17 +39,8 @@ class RND1Config(SDARMoeConfig):
         return forced or super().malformed()
 
 
-class RND1LM(DecoderStack):
+class RND1LM(Qwen3MoeStack):
+    # the attention kind is the class default (bidirectional): the layer itself has no mask
     config_class = RND1Config
-    _no_split_modules: ClassVar[list[str]] = ["SDARMoeDecoderLayer"]
     logit_shift = 1                               # Dream's shift: the sampler reads logits at p - 1
     mask_fallback = MASK_ID                       # a config.json without mask_token_id: the authors' default
-    published_layout = "model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight, one tensor per expert"
-    cuda_graphs = False                           # routing decides shapes on the host
-
-    def __init__(self, config: RND1Config):
-        super().__init__(config)
-        # the attention kind is the class default (bidirectional): the layer itself has no mask
-        self.build_stack(config, (SDARMoeDecoderLayer(config, i) for i in range(config.num_hidden_layers)))
-        self.head_dim = head_dim_of(config)
-        self.post_init()

@@ -78,11 +78,9 @@ class SDARMoeDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class SDARMoeForCausalLM(DecoderStack):
-    config_class = SDARMoeConfig
+class Qwen3MoeStack(DecoderStack):
+    """A stack of Qwen3-MoE decoder layers under the published names: SDAR-30B-A3B, RND1 (rnd1.py)."""
     _no_split_modules: ClassVar[list[str]] = ["SDARMoeDecoderLayer"]
-    mask_tokens = SDARForCausalLM.mask_tokens                   # no mask_token_id in the published config
-    attention = SDARForCausalLM.attention                       # block-causal, block_size or 4
     published_layout = "model.layers.{i}.mlp.experts.{j}.{gate,up,down}_proj.weight, one tensor per expert"
     cuda_graphs = False                                         # routing decides shapes on the host
 
@@ -91,3 +89,9 @@ class SDARMoeForCausalLM(DecoderStack):
         self.build_stack(config, (SDARMoeDecoderLayer(config, i) for i in range(config.num_hidden_layers)))
         self.head_dim = head_dim_of(config)
         self.post_init()
+
+
+class SDARMoeForCausalLM(Qwen3MoeStack):
+    config_class = SDARMoeConfig
+    mask_tokens = SDARForCausalLM.mask_tokens                   # no mask_token_id in the published config
+    attention = SDARForCausalLM.attention                       # block-causal, block_size or 4
