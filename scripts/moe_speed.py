@@ -6,6 +6,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
     python scripts/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
     python scripts/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
     python scripts/moe_speed.py --shapes sdar-30b-a3b --block 4 --masked 0.75   # SDAR's blocks of 4
+    python scripts/moe_speed.py --shapes rnd1-30b-a3b --prefix 64 --gen-len 256   # RND1: the whole canvas, no cache
 
 1. Per-step cost. The published config (fastdllm/checkpoints/published/<family>/config.json) with only
    `--layers` (every one a MoE layer: the published dense layer 0 is left out, so the figures are
@@ -16,7 +17,10 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
    decoding runs inside a block: `forward_span` over one block of `--block` tokens (half of them
    masks by default) against a cache holding `--prefix` tokens before it, logits at the block's
    masked positions; block-causal for LLaDA2 and SDAR-30B-A3B (their prefix-cache step; SDAR's
-   blocks are 4 tokens: `--block 4`), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step). Fewer experts
+   blocks are 4 tokens: `--block 4`), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step).
+   RND1 decodes one global canvas without a cache: its step is a forward over the whole canvas
+   (`--prefix` prompt tokens and `--gen-len` answer slots, a `--masked` share of them masks), and so
+   is its dense twin's (scripts/moe_step.py). Fewer experts
    change nothing in the compute of one token, but they change how many distinct experts the
    block's tokens hit, and every expert hit is read once per step: that count (measured, and the
    expectation under uniform routing) is printed beside the cost. The MoE model is timed twice:
@@ -43,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -65,112 +69,18 @@ from moe_shapes import (  # scripts/moe_shapes.py
     read_per_step,
     shared_width,
 )
+from moe_step import (  # scripts/moe_step.py: the timed step
+    WHOLE_CANVAS,
+    Step,
+    sync,
+    uniform_routing,
+)
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.decode.family_defaults import decode_defaults
 from fastdllm.models.cpu import bf16_note
-from fastdllm.models.moe import SparseMoE
-
-
-# --- timing ----------------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class Step:
-    """One decoding step's forward: the block [P, P+B) against the cache of a canvas of T slots
-    (prefix P, then gen_len), logits at the block's K masked positions (the last layer computes its
-    MLP, hence its routing, for those K rows only). The cache is filled once by a forward over the
-    whole canvas."""
-
-    def __init__(self, lm, args):
-        model, device = lm.model, lm.device
-        P, B = args.prefix, args.block
-        g = torch.Generator().manual_seed(0)
-        canvas = torch.randint(0, 4096, (1, P + args.gen_len), generator=g)
-        masked = torch.randperm(B, generator=g)[:max(1, round(args.masked * B))].sort().values
-        canvas[:, P + masked] = lm.specials.mask
-        canvas[:, P + B:] = lm.specials.mask
-        self.model, self.device, self.span = model, device, (P, P + B)
-        self.canvas = canvas.to(device)
-        self.positions = (P + masked).to(device)[None]             # (1, K): logits where masks are, as the engine asks
-        block_causal = model.attention.block
-        self.cache = model.new_cache(torch.ones_like(self.canvas, dtype=torch.bool), block=block_causal)
-        with torch.inference_mode():
-            model.forward_span(self.canvas, 0, self.canvas.shape[1], self.cache, self.positions)
-
-    def __call__(self):
-        return self.model.forward_span(self.canvas, *self.span, self.cache, self.positions)
-
-    def timed(self, reps: int) -> tuple[float, list[float]]:
-        """(ms per step, ms per decoder layer): medians of `reps` steps after a warm-up. The layer
-        times come from hooks that synchronise the device around each layer; on a GPU, where that
-        stops the host from queueing kernels ahead, the step time comes from runs without them."""
-        marks: list[float] = []
-
-        def mark(*_):
-            sync(self.device)
-            marks.append(time.perf_counter())
-        hooks = [h for b in self.model.blocks for h in (b.register_forward_pre_hook(mark), b.register_forward_hook(mark))]
-        steps, layers = [], []
-        try:
-            with torch.inference_mode():
-                for _ in range(reps + 1):
-                    marks.clear()
-                    steps.append(self.run_once())
-                    layers.append([1000 * (b - a) for a, b in zip(marks[::2], marks[1::2])])
-        finally:
-            for h in hooks:
-                h.remove()
-        if self.device.type != "cpu":
-            with torch.inference_mode():
-                steps = [self.run_once() for _ in range(reps + 1)]
-        return statistics.median(steps[1:]), [statistics.median(layer) for layer in zip(*layers[1:])]
-
-    def run_once(self) -> float:
-        sync(self.device)
-        start = time.perf_counter()
-        self()
-        sync(self.device)
-        return 1000 * (time.perf_counter() - start)
-
-    def expert_hits(self) -> list[int | None]:
-        """Distinct routed experts the block's tokens chose in each layer (None: a dense layer)."""
-        hits: list[int | None] = [None] * len(self.model.blocks)
-        hooks = []
-        for i, block in enumerate(self.model.blocks):
-            moe = next((m for m in block.modules() if isinstance(m, SparseMoE)), None)
-            if moe is not None:
-                hooks.append(moe.gate.register_forward_hook(
-                    lambda _m, _in, out, i=i: hits.__setitem__(i, int(out[1].unique().numel()))))
-        try:
-            with torch.inference_mode():
-                self()
-        finally:
-            for h in hooks:
-                h.remove()
-        return hits
-
-
-@contextmanager
-def uniform_routing(model, seed: int = 0):
-    """Every router's choice replaced by k distinct experts drawn uniformly for each token (its
-    weights kept): the spread of a router that balances load perfectly within a block."""
-    g = torch.Generator(device=model.input_device).manual_seed(seed)
-
-    def draw(router, _inputs, out):
-        weights, chosen = out
-        scores = torch.rand(chosen.shape[0], router.routing.experts, device=chosen.device, generator=g)
-        return weights, scores.topk(chosen.shape[1], dim=-1).indices
-    hooks = [m.gate.register_forward_hook(draw) for m in model.modules() if isinstance(m, SparseMoE)]
-    try:
-        yield
-    finally:
-        for h in hooks:
-            h.remove()
 
 
 def read_bandwidth(device: torch.device) -> float:
@@ -225,7 +135,8 @@ def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
                     row["engine"] = engine_ms(lm, args)
             rows.append(row)
             print(f"{name} {row['label']}: built in {built:.0f} s, {ms:.1f} ms/step", file=sys.stderr, flush=True)
-        attention, K = lm.info["attention"], step.positions.shape[1]
+        if kind == "MoE":   # the dense twin of RND1 is an sdar_moe class: name the MoE model's attention
+            attention, K, rows_routed, what = lm.info["attention"], step.positions.shape[1], step.tokens(), step.describe(args)
         del lm, step
         tiny.model = None
         gc.collect()
@@ -235,11 +146,10 @@ def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
     print(f"\n### {name}: {layers} MoE layers of {experts} experts x {expert_width(raw)} (k = {k}"
           f"{f', shared {shared_width(raw)}' if shared_width(raw) else ''}) against {layers} dense layers x {width}\n")
     print(f"hidden {raw['hidden_size']}, {raw['num_attention_heads']} heads / {raw['num_key_value_heads']} KV heads, "
-          f"vocab {raw['vocab_size']}, {attention} attention. Step: a block of {args.block} tokens, {K} of "
-          f"them masks (logits there), against {args.prefix} cached tokens, canvas {args.prefix + args.gen_len}; "
+          f"vocab {raw['vocab_size']}, {attention} attention. Step: {what}; "
           f"median of {args.reps} steps after a warm-up. Experts hit: distinct experts per layer, chosen by the "
-          f"block's {args.block} tokens (in the last layer by the {K} rows whose logits are asked for; "
-          f"uniform routing expects {expected_hits(experts, k, args.block):.0f} and "
+          f"step's {rows_routed} tokens (in the last layer by the {K} rows whose logits are asked for; "
+          f"uniform routing expects {expected_hits(experts, k, rows_routed):.0f} and "
           f"{expected_hits(experts, k, K):.0f}). `router`: the random router (std 0.02: a block's masks, one "
           f"embedding row, route alike); `uniform`: k experts drawn uniformly per token.\n")
     head = ("| model | parameters built (active / token) | experts hit per layer (of E) | ms / step | "
@@ -334,7 +244,8 @@ def main() -> None:
                   ("shapes", ", ".join(f"{n} ({args.layers or published(n)['num_hidden_layers']} MoE layers, "
                                        f"{args.experts or published(n)['num_experts']} experts)" for n in args.shapes.split(","))),
                   ("step", f"block {args.block}, {args.masked:.0%} masks, {args.prefix} cached tokens, canvas "
-                           f"{args.prefix + args.gen_len}, median of {args.reps}"),
+                           f"{args.prefix + args.gen_len}, median of {args.reps}; {', '.join(WHOLE_CANVAS)}: the "
+                           f"whole canvas, {args.masked:.0%} of its {args.gen_len} answer slots masks, no cache"),
                   ("weights", "random (std 0.02), built in memory")]
     print("# MoE against dense of the same active size (scripts/moe_speed.py)\n\n| condition | value |\n|---|---|")
     for key, value in conditions:
