@@ -25,6 +25,8 @@ def load_model(model_dir: Path, **placement: str):
         from fastdllm.models.cpu import bf16_note
 
         err_console.print(f"note: {bf16_note()}", style="yellow")
+    for note in lm.notes:
+        err_console.print(f"note: {note}", style="yellow")
     return lm
 
 

@@ -35,7 +35,7 @@ MODEL_FLAGS = {
     "profile": (Optional[str], typer.Option("--profile", "-P", help="Profile name or YAML file (default: 'default').")),
     "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU, fp32 on CPU).")),
     "device": (Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto spreads over GPUs with accelerate).")),
-    "quantize": (Optional[str], typer.Option("--quantize", help="none | 8bit | 4bit (bitsandbytes).")),
+    "quantize": (Optional[str], typer.Option("--quantize", help="none | int8 | int4 (CPU kernels) | 8bit | 4bit (bitsandbytes, for GPUs).")),
 }
 MODEL_DEFAULTS = {"dtype": "auto", "device": "auto", "quantize": "none"}  # when neither flag nor env
 

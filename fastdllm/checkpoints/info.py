@@ -58,8 +58,14 @@ def shape_summary(shapes: dict, config) -> dict:
     in_blocks = sum(prod(s) for n, s in shapes.items()
                     if len(s) in (2, 3) and (".blocks." in n or ".layers." in n) and not is_router(n))
     parameters = sum(prod(s) for s in shapes.values())
+    # int8/int4 keep the input embedding as int8 rows unless a float head is tied to it
+    embedding = sum(prod(s) for n, s in shapes.items() if n.endswith(("embed_tokens.weight", "transformer.wte.weight")))
+    untied = any(n in ("lm_head.weight", "model.transformer.ff_out.weight") for n in shapes)
     return {"parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
-            "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * kv_rows * 2}
+            "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * kv_rows * 2,
+            "untied_embedding_parameters": embedding if untied else 0,
+            # int8/int4 refuse packed 3-D experts (DiffusionGemma; checkpoints/loading.py)
+            "packed_experts": any(len(s) == 3 for s in shapes.values())}
 
 
 def is_router(name: str) -> bool:
@@ -79,12 +85,19 @@ def idle_expert_parameters(shapes: dict, config) -> int:
 
 
 def memory_estimate(info: dict, canvas_tokens: int) -> dict[str, dict[str, int]]:
-    """Weights plus the canvas KV cache (bf16), for bf16 / 8-bit / 4-bit weights. 8- and 4-bit
-    quantise the matrices inside the blocks (bitsandbytes keeps embeddings, head and norms in
-    bf16); 4-bit NF4 adds one fp32 scale per 64 weights."""
-    rest = info["parameters"] - info["block_matrix_parameters"]
+    """Weights plus the canvas KV cache (bf16), for bf16 / 8-bit / 4-bit / int8 / int4 weights. All
+    four quantise the matrices inside the blocks (bitsandbytes keeps embeddings, head and norms in
+    bf16); 4-bit NF4 adds one fp32 scale per 64 weights. int8 / int4 (CPU, models/cpu_quant.py): a
+    bf16 scale per row (negligible) / a bf16 scale and zero per 64 weights; the input embedding as
+    int8 rows unless tied to the (bf16) head; head and norms bf16."""
+    blocks, embed = info["block_matrix_parameters"], info.get("untied_embedding_parameters", 0)
+    rest = info["parameters"] - blocks
     weights = {"bf16": info["parameters"] * 2,
-               "8bit": info["block_matrix_parameters"] * 1 + rest * 2,
-               "4bit": int(info["block_matrix_parameters"] * (0.5 + 4 / 64)) + rest * 2}
+               "8bit": blocks * 1 + rest * 2,
+               "4bit": int(blocks * (0.5 + 4 / 64)) + rest * 2,
+               "int8": blocks * 1 + embed * 1 + (rest - embed) * 2,
+               "int4": int(blocks * (0.5 + 4 / 64)) + embed * 1 + (rest - embed) * 2}
+    if info.get("packed_experts"):
+        del weights["int8"], weights["int4"]
     cache = info["kv_bytes_per_token_bf16"] * canvas_tokens
     return {k: {"weights": w, "cache": cache, "total": w + cache} for k, w in weights.items()}

@@ -17,7 +17,13 @@ import torch
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .packed_experts import load_experts_apart
-from .placement import placement_error, quantization_config, torch_placement
+from .placement import (
+    BNB_ON_CPU_NOTE,
+    CPU_FORMATS,
+    placement_error,
+    quantization_config,
+    torch_placement,
+)
 from .thinking import thought_markers, thought_prefill, without_thought
 
 _PROBE = "fastdllm-end-of-turn-probe"
@@ -36,6 +42,7 @@ class LoadedModel:
     load_seconds: float
     info: dict = field(default_factory=dict)
     thought: tuple[int, int] | None = None      # the template's thought-channel ids (thinking.py)
+    notes: list[str] = field(default_factory=list)   # one line each, for the user (the CLI prints them)
 
     @property
     def device(self) -> torch.device:
@@ -44,7 +51,8 @@ class LoadedModel:
     @property
     def decoder(self):
         """What the engine needs of this model."""
-        return Decoder(self.model, self.specials, self.detokenize, self.context_length, self.path.name)
+        return Decoder(self.model, self.specials, self.detokenize, self.context_length, self.path.name,
+                       encode=lambda text: self.encode(text, chat=False))
 
     def detokenize(self, ids: list[int]) -> str:
         """The answer's text: special tokens and any thought span left out."""
@@ -131,11 +139,15 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     config, model_cls = family_of(raw, path)
     _check_weights(path)
     tokenizer = load_tokenizer(path)
-    torch_dtype, device_map = torch_placement(dtype, device)
+    torch_dtype, device_map = torch_placement(dtype, device, quantize)
+    cpu_quant = quantize in CPU_FORMATS
+    if cpu_quant and hasattr(model_cls, "packed_experts"):
+        raise UserError(f"--quantize {quantize}: {path.name}'s experts are packed 3-D tensors, which the int8/int4 "
+                        "CPU kernels do not take: use --quantize none, or 8bit/4bit")
     # our modules compute attention themselves: a config's attn_implementation (SDAR's published
     # configs name flex_attention) is not transformers' business here
     kwargs = {"dtype": torch_dtype, "device_map": device_map, "attn_implementation": "eager"}
-    if quantize != "none":
+    if quantize in ("8bit", "4bit"):
         kwargs["quantization_config"] = quantization_config(quantize, torch_dtype,
                                                             skip=getattr(model_cls, "quantize_skip", None))
         # experts packed in 3-D tensors (DiffusionGemma): per-expert linears, filled after the rest
@@ -147,14 +159,42 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         model_cls.check_loaded(report)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
-        model.eval().prepare_for_inference(pack=pack_weights)
+        model.eval().prepare_for_inference(pack=pack_weights and not cpu_quant)
+        parameters = sum(p.numel() for p in model.parameters())
+        if cpu_quant:
+            quantized = cpu_quantize(model, quantize, torch_dtype, pack_weights, getattr(model_cls, "quantize_skip", ()))
+        elif quantize != "none":
+            model.is_quantized = True                   # decode/graphs.py: no CUDA graphs
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
     specials = special_tokens(raw, tokenizer, path, model_cls)
     loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
                          torch_dtype, quantize, time.perf_counter() - start, thought=thought_markers(tokenizer))
+    model.parameters_before_quantization = parameters
     loaded.info = describe(loaded)
+    if cpu_quant:
+        loaded.info["cpu_quantized"] = quantized
+        if torch_dtype == torch.float32:
+            loaded.notes.append(f"--quantize {quantize} with --dtype fp32: the kernels' fp32 path is a slow reference "
+                                "loop, bf16 (the default) is their fast one")
+    elif quantize != "none" and loaded.device.type == "cpu":
+        loaded.notes.append(BNB_ON_CPU_NOTE)
     return loaded
+
+
+def cpu_quantize(model, fmt: str, dtype: torch.dtype, pack: bool, skip: tuple[str, ...]) -> dict:
+    """int8 / int4 in place of the float linears (models/cpu_quant.py), the input embedding as int8
+    rows; what stays float (a router, shapes the int4 kernel cannot take) packed as usual."""
+    from ..models.cpu import packable_dtypes
+    from ..models.cpu_quant import quantize_model
+    from ..models.layers import pack_linear
+
+    done = quantize_model(model, fmt, dtype, embedding=True, skip=skip or ())
+    dtypes = packable_dtypes() if pack else frozenset()
+    for module in list(model.blocks.modules()) + [model.output_head]:
+        if isinstance(module, torch.nn.Linear):
+            pack_linear(module, dtypes)
+    return done
 
 
 def _check_weights(path: Path) -> None:
@@ -260,7 +300,7 @@ def _ids(value) -> list[int]:
 
 def describe(loaded: LoadedModel) -> dict:
     model = loaded.model
-    params = sum(p.numel() for p in model.parameters())
+    params = getattr(model, "parameters_before_quantization", None) or sum(p.numel() for p in model.parameters())
     return {"path": str(loaded.path), "family": loaded.family, "attention": str(model.attention), "parameters": params,
             "dtype": str(loaded.dtype).replace("torch.", ""), "quantize": loaded.quantize,
             "device": str(loaded.device), "context_length": loaded.context_length,

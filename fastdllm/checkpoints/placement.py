@@ -11,7 +11,8 @@ from ..errors import UserError
 
 PLACEMENT_CHOICES = {"dtype": ("auto", "bf16", "fp16", "fp32", "fp64"),
                      "device": ("auto", "cpu", "cuda", "cuda:N", "mps"),
-                     "quantize": ("none", "8bit", "4bit")}
+                     "quantize": ("none", "int8", "int4", "8bit", "4bit")}
+CPU_FORMATS = ("int8", "int4")          # weight-only, torch's CPU kernels (models/cpu_quant.py)
 
 
 def placement_error(key: str, value: str) -> str | None:
@@ -22,8 +23,9 @@ def placement_error(key: str, value: str) -> str | None:
     return f"unknown {key} {value!r} (expected one of {', '.join(choices)})"
 
 
-def torch_placement(dtype: str, device: str):
-    """--dtype / --device -> (torch dtype, accelerate device_map)."""
+def torch_placement(dtype: str, device: str, quantize: str = "none"):
+    """--dtype / --device -> (torch dtype, accelerate device_map). int8 / int4 compute in bf16 by
+    default (their kernels' fast path; fp32 activations take a reference loop)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -34,9 +36,28 @@ def torch_placement(dtype: str, device: str):
     else:
         device_map = {"": device}
     on_gpu = device_map == "auto" or not str(device_map[""]).startswith("cpu")
+    if quantize in CPU_FORMATS:
+        cpu_quant_check(quantize, dtype, device_map)
+        if dtype == "auto":
+            return torch.bfloat16, device_map
     if dtype == "auto":
         return (torch.bfloat16 if on_gpu else torch.float32), device_map
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[dtype], device_map
+
+
+def cpu_quant_check(quantize: str, dtype: str, device_map) -> None:
+    """int8 / int4 run on the CPU and compute in bf16 or fp32: one-line errors otherwise."""
+    on_cpu = device_map != "auto" and str(device_map[""]).startswith("cpu")
+    if not on_cpu:
+        where = "a GPU" if device_map == "auto" else f"--device {device_map['']}"
+        raise UserError(f"--quantize {quantize} has CPU kernels only, not for {where}: use --quantize "
+                        f"{'8bit' if quantize == 'int8' else '4bit'} (bitsandbytes) there, or --device cpu")
+    if dtype not in ("auto", "bf16", "fp32"):
+        raise UserError(f"--quantize {quantize} computes in bf16 (default) or fp32, not --dtype {dtype}")
+
+
+BNB_ON_CPU_NOTE = ("bitsandbytes 8bit/4bit compute slower than fp32 on a CPU: --quantize int8 / int4 are "
+                   "the CPU formats (docs/cpu-quantization.md)")
 
 
 def quantization_config(quantize: str, compute_dtype, skip: tuple[str, ...] | None = None):
