@@ -1,0 +1,136 @@
+"""The runs scripts/vs_llamacpp.py times: one llama.cpp diffusion run (llama-diffusion-ids or the
+plain llama-diffusion-cli), one fastdllm run, a CPU hog for --busy, the interleaved repetitions and
+their medians and spreads."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fastdllm.checkpoints import loading
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import stepper
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def spread(xs: list[float]) -> str:
+    return f"{min(xs):.4g}-{max(xs):.4g}" if len(xs) > 1 else "-"
+
+
+# -- llama.cpp --------------------------------------------------------------------------------------
+
+def llama(bins, gguf: Path, prompt: list[int], a, *, steps: int, eps: float | None = None, fa: str = "auto",
+          text: str | None = None, plain: bool = False) -> dict:
+    """One llama.cpp run: llama-diffusion-ids with the prompt as ids (or as `text`, templated and
+    tokenized as the CLI does), or the unmodified llama-diffusion-cli (`plain`, with `text`)."""
+    canvas = len(prompt) + a.gen_len
+    cmd = [bins["llama-diffusion-cli" if plain else "llama-diffusion-ids"], "-m", gguf,
+           "-p", text or "ids:" + ",".join(map(str, prompt)), "-ub", canvas, "-b", canvas, "-c", canvas,
+           "--diffusion-steps", steps, "--diffusion-algorithm", 4, "--top-k", 1, "--temp", 0, "--seed", 0,
+           "-t", a.threads, "-tb", a.threads, "-fa", fa, "--load-mode", "none"]
+    cmd += ["--diffusion-eps", eps] if eps else ["--diffusion-block-length", a.block_len]
+    p = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, errors="replace")
+    log = p.stdout + p.stderr
+    m = re.search(r"total time: ([\d.]+)ms, time per step: ([\d.]+)ms, sampling time per step: ([\d.]+)ms", log)
+    if p.returncode or not m:
+        raise SystemExit(f"llama.cpp failed ({p.returncode}): {' '.join(map(str, cmd))}\n{log[-3000:]}")
+    out = {"seconds": float(m[1]) / 1000, "sampling_s": float(m[3]) * steps / 1000,
+           "forwards": log.count("diffusion step:"),          # its progress line: one per forward
+           "text": re.sub(r"(?m)^\d+(\.\d+)+ [IWED] ", "", log[m.end():]).strip()}   # less the log's time stamps
+    ids = dict(line.split(":", 1) for line in p.stdout.splitlines() if line.endswith(tuple("0123456789")) and ":" in line)
+    if "canvas_ids" in ids:
+        out["ids"] = [int(t) for t in ids["canvas_ids"].split(",")]
+        out["prompt_ids"] = [int(t) for t in ids["prompt_ids"].split(",")]
+        out["forwards"] = int(ids["forwards"])
+    return out
+
+
+# -- fastdllm -----------------------------------------------------------------------------------------
+
+def load_fastdllm(path: Path, precision: str):
+    """fp32 / bf16 (dtype), int8 / int4 (load(..., quantize=...)): the model, or why not."""
+    try:
+        if precision in ("fp32", "bf16"):
+            return loading.load(path, dtype=precision, device="cpu"), None
+        return loading.load(path, dtype="bf16", device="cpu", quantize=precision), None
+    except Exception as e:                                      # noqa: BLE001 (said in the table)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
+def fastdllm(lm, prompt: list[int], cfg: DecodeConfig) -> dict:
+    batch = stepper(lm.decoder, [prompt], cfg)
+    start = time.perf_counter()
+    for _ in batch.events():
+        pass
+    return {"seconds": time.perf_counter() - start, "forwards": batch.nfe, "ids": batch.generated()[0].tolist()}
+
+
+def cfg_of(a, rule: str, cache: str, steps: int | None = None) -> DecodeConfig:
+    return DecodeConfig(gen_len=a.gen_len, block_len=a.block_len, cache=cache, rule=rule, steps=steps,
+                        threshold=a.threshold, early_stop=False)
+
+
+# -- measurement -----------------------------------------------------------------------------------
+
+class Hog:
+    """A spinning process pinned to one core (taskset), while `with`."""
+
+    def __init__(self, core: int):
+        self.core = core
+
+    def __enter__(self):
+        self.p = subprocess.Popen(["taskset", "-c", str(self.core), sys.executable, "-c", "while True: pass"])
+        time.sleep(0.5)
+
+    def __exit__(self, *exc):
+        self.p.kill()
+        self.p.wait()
+
+
+def timed(rows: list[dict], reps: int, busy: int | None) -> None:
+    """Run every row's `run()` reps times, interleaved (A B C A B C ...); with `busy`, each repetition
+    once quiet and once beside a hog on core `busy`. Fills row['quiet'] / row['busy']: run dicts."""
+    for row in rows:
+        row["quiet"], row["busy"] = [], []
+    for rep in range(reps):
+        for cond in (["quiet", "busy"] if busy is not None else ["quiet"]):
+            ctx = Hog(busy) if cond == "busy" else None
+            if ctx:
+                ctx.__enter__()
+            try:
+                for row in rows:
+                    r = row["run"]()
+                    for key in ("ids", "prompt_ids", "text"):
+                        r.pop(key, None)
+                    row[cond].append(r)
+                    print(f"  [{cond} {rep + 1}/{reps}] {row['tool']:9s} {row['setting']:38s} {row['precision']:5s} "
+                          f"{r['seconds']:8.3f} s  {r['forwards']} fwd  load {loadavg()}", file=sys.stderr, flush=True)
+            finally:
+                if ctx:
+                    ctx.__exit__()
+
+
+def summary(row: dict, gen_len: int) -> dict:
+    out = {k: v for k, v in row.items() if k not in ("run", "quiet", "busy")}
+    for cond in ("quiet", "busy"):
+        runs = row.get(cond) or []
+        if not runs:
+            continue
+        per_fwd = [1000 * r["seconds"] / r["forwards"] for r in runs]
+        tps = [gen_len / r["seconds"] for r in runs]
+        out[cond] = {"ms_per_forward": statistics.median(per_fwd), "ms_per_forward_spread": spread(per_fwd),
+                     "tokens_per_s": statistics.median(tps), "tokens_per_s_spread": spread(tps),
+                     "forwards": runs[0]["forwards"], "seconds": [r["seconds"] for r in runs]}
+        if "sampling_s" in runs[0]:
+            out[cond]["sampling_ms_per_forward"] = statistics.median(
+                1000 * r["sampling_s"] / r["forwards"] for r in runs)
+    if "busy" in out and "quiet" in out:
+        out["busy_slowdown"] = out["busy"]["ms_per_forward"] / out["quiet"]["ms_per_forward"]
+    return out

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""fastdllm beside llama.cpp's diffusion CLI on the same random Dream-format checkpoint (a benchmark).
+
+    python scripts/vs_llamacpp.py --shapes 22m                      # token equality and timings
+    python scripts/vs_llamacpp.py --shapes 0.5b --eq-steps 32 --e2e project --reps 2
+    python scripts/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
+
+scripts/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
+the checkpoint with llama.cpp's own tools, once, into a cache outside the repository.
+
+Which llama.cpp setting is which fastdllm rule (examples/diffusion/diffusion.cpp):
+  --diffusion-block-length 32 --diffusion-steps S: blocks of 32 over the canvas *after the prompt*
+      with num_blocks = ub / 32 counted over the whole canvas (ub = prompt + generated): at
+      prompt 64 + 256 the last two "blocks" start past the canvas, hold no mask, and each still
+      costs one forward before the loop sees no mask (S must be a multiple of ub / 32 = 10).
+      Per block, steps S/10, get_num_transfer_tokens spreads the block's masks evenly (fastdllm's
+      block_schedule).
+  --top-k 1 --temp 0: the CLI's greedy. Its sampler chain is top-k (default 40), top-p (default
+      0.95), temperature only when > 0, then dist: without --top-k 1 a "temp 0" run *samples* from
+      the top-40 softmax of the raw logits. With --top-k 1 the one candidate left has p = 1, so the
+      confidence of every algorithm but 0 and 3 is the same (prob 1, margin 1, entropy 0) and the
+      tie-break (position ascending) commits the leftmost masks first: that is fastdllm's
+      `sequential` rule (leftmost candidates first, the step's share of the schedule), not its
+      confidence-ranked `fixed` rule. llama.cpp's diffusion CLI has no argmax-with-confidence
+      mode: confidence ranking needs a sampled token (temp > 0 / top-k > 1).
+  --diffusion-eps E (timestep schedule, Dream's): one whole-canvas block, (1 - s/t) of the
+      remaining masks per step; with --top-k 1 also leftmost first.
+  -fa off for token equality: with flash attention (the CPU default, auto) llama.cpp casts K and V
+      to f16 when there is no KV cache (the diffusion models have none), so its "f32" attention
+      is f16. The timings use the CLI's default (auto).
+  Logits: Dream's shift (position i reads row i-1) in both; llama.cpp computes logits at every
+  canvas position every forward; fastdllm only at the block's masked positions.
+llama.cpp runs through llama-diffusion-ids, diffusion-cli.cpp with prompt ids in and canvas ids out
+(llamacpp_build.py); it is checked once against the unmodified llama-diffusion-cli (same text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import llamacpp_build as lb  # scripts/llamacpp_build.py
+import torch
+from llamacpp_runs import (  # scripts/llamacpp_runs.py
+    cfg_of,
+    fastdllm,
+    llama,
+    load_fastdllm,
+    loadavg,
+    summary,
+    timed,
+)
+
+from fastdllm.models.cpu import bf16_note, capability
+
+PRECISIONS = [("f32", "fp32"), ("bf16", "bf16"), ("q8_0", "int8"), ("q4_0", "int4")]   # llama.cpp, fastdllm
+TEXT = ("Write a short story about a robot who learns to paint. The robot lives in a small town by the sea, "
+        "and every morning it walks to the harbour to watch the fishing boats come in. One day it finds a box "
+        "of old paints left behind by a sailor, and it begins to wonder what colours the sea would be if it "
+        "could paint them itself.")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def equality(bins, files, lms, prompt, a, steps: int) -> dict:
+    """fp32: llama.cpp greedy (-fa off) against fastdllm's sequential rule, uncached."""
+    L = llama(bins, files["f32"], prompt, a, steps=steps * (len(prompt) + a.gen_len) // a.gen_len, fa="off")
+    F = fastdllm(lms["fp32"], prompt, cfg_of(a, "sequential", "none", steps))
+    diff = next((i for i, (x, y) in enumerate(zip(L["ids"], F["ids"])) if x != y), None)
+    out = {"equal": L["ids"] == F["ids"], "first_difference": diff, "n": len(F["ids"]), "steps": steps,
+           "llama_prompt_ids_equal": L["prompt_ids"] == prompt, "llama_forwards": L["forwards"],
+           "fastdllm_forwards": F["forwards"]}
+    if diff is not None:
+        out["at_difference"] = {"llama": L["ids"][diff], "fastdllm": F["ids"][diff]}
+        out["same_after_difference"] = sum(x == y for x, y in zip(L["ids"][diff:], F["ids"][diff:]))
+    return out
+
+
+def shape_rows(bins, files, lms, prompt, a, shape: str) -> tuple[list[dict], list[str]]:
+    canvas, notes = len(prompt) + a.gen_len, []
+    blocks = canvas // a.block_len
+    rows = []
+
+    def add(tool, setting, precision, run, kind):
+        rows.append({"shape": shape, "tool": tool, "setting": setting, "precision": precision, "run": run,
+                     "kind": kind, "canvas": canvas})
+
+    per_block = a.fwd_steps // (a.gen_len // a.block_len)            # fastdllm steps per block
+    for lq, fq in PRECISIONS:
+        if lq in a.precisions:
+            add("llama.cpp", f"block {a.block_len}, {per_block}/block, uncached", lq,
+                lambda lq=lq: llama(bins, files[lq], prompt, a, steps=per_block * blocks), "forward")
+        if fq in lms:
+            add("fastdllm", f"sequential, {per_block}/block, cache none", fq,
+                lambda fq=fq: fastdllm(lms[fq], prompt, cfg_of(a, "sequential", "none", a.fwd_steps)), "forward")
+    # end to end, one token per step: llama.cpp's two schedules at every precision it has here
+    if a.e2e == "measure":
+        for lq, _ in PRECISIONS:
+            if lq in a.best_llama:
+                add("llama.cpp", f"block {a.block_len}, 1 token/step", lq,
+                    lambda lq=lq: llama(bins, files[lq], prompt, a, steps=a.block_len * blocks), "e2e")
+                add("llama.cpp", f"timestep eps {a.eps:g}, {a.gen_len} steps", lq,
+                    lambda lq=lq: llama(bins, files[lq], prompt, a, steps=a.gen_len, eps=a.eps), "e2e")
+    for _, fq in PRECISIONS:
+        if fq in lms and fq in a.best_fastdllm:
+            if a.uncached_e2e:
+                add("fastdllm", "sequential, 1 token/step, cache none", fq,
+                    lambda fq=fq: fastdllm(lms[fq], prompt, cfg_of(a, "sequential", "none")), "e2e")
+            add("fastdllm", f"threshold {a.threshold:g}, DualCache", fq,
+                lambda fq=fq: fastdllm(lms[fq], prompt, cfg_of(a, "threshold", "dual")), "e2e")
+    return rows, notes
+
+
+def project_llama_e2e(results: list[dict], a, blocks: int) -> list[dict]:
+    """--e2e project: llama.cpp's one-token-per-step run from its measured per forward (every
+    llama.cpp forward is the same full-canvas pass; the block schedule adds blocks - gen/block empty
+    blocks of one forward each)."""
+    out = []
+    forwards = a.gen_len + blocks - a.gen_len // a.block_len
+    for r in results:
+        if r["tool"] == "llama.cpp" and r["kind"] == "forward":
+            q = r["quiet"]
+            secs = q["ms_per_forward"] * forwards / 1000
+            out.append({**{k: r[k] for k in ("shape", "tool", "precision", "canvas")}, "kind": "e2e",
+                        "setting": f"block {a.block_len}, 1 token/step (projected: {forwards} x per forward)",
+                        "quiet": {"ms_per_forward": q["ms_per_forward"], "ms_per_forward_spread": "-",
+                                  "tokens_per_s": a.gen_len / secs, "tokens_per_s_spread": "-",
+                                  "forwards": forwards, "projected": True}})
+    return out
+
+
+# -- table -------------------------------------------------------------------------------------------
+
+def table(results: list[dict], busy: bool) -> str:
+    head = "| shape | tool | setting | precision | canvas | forwards | ms / forward (spread) | tokens/s (spread) |"
+    head += " busy slowdown |" if busy else ""
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        q = r["quiet"]
+        line = (f"| {r['shape']} | {r['tool']} | {r['setting']} | {r['precision']} | {r['canvas']} | {q['forwards']} | "
+                f"{q['ms_per_forward']:.2f} ({q['ms_per_forward_spread']}) | {q['tokens_per_s']:.1f} "
+                f"({q['tokens_per_s_spread']}) |")
+        if busy:
+            line += f" {r['busy_slowdown']:.2f}x |" if "busy_slowdown" in r else " - |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def best_lines(results: list[dict]) -> list[str]:
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in results):
+        e2e = [r for r in results if r["shape"] == shape and r["kind"] == "e2e"]
+        best = {}
+        for tool in ("llama.cpp", "fastdllm"):
+            mine = [r for r in e2e if r["tool"] == tool]
+            if mine:
+                best[tool] = max(mine, key=lambda r: r["quiet"]["tokens_per_s"])
+        if len(best) == 2:
+            L, F = best["llama.cpp"], best["fastdllm"]
+            out.append(f"{shape}: best end to end: fastdllm {F['precision']} {F['setting']} "
+                       f"{F['quiet']['tokens_per_s']:.1f} tok/s vs llama.cpp {L['precision']} {L['setting']} "
+                       f"{L['quiet']['tokens_per_s']:.2f} tok/s: {F['quiet']['tokens_per_s'] / L['quiet']['tokens_per_s']:.1f}x")
+        fwd = {(r["tool"], r["precision"]): r["quiet"]["ms_per_forward"]
+               for r in results if r["shape"] == shape and r["kind"] == "forward"}
+        for lq, fq in PRECISIONS:
+            if ("llama.cpp", lq) in fwd and ("fastdllm", fq) in fwd:
+                ratio = fwd[("llama.cpp", lq)] / fwd[("fastdllm", fq)]
+                out.append(f"{shape}: per forward {fq} vs {lq}: fastdllm {fwd[('fastdllm', fq)]:.2f} ms, llama.cpp "
+                           f"{fwd[('llama.cpp', lq)]:.2f} ms: fastdllm {'faster' if ratio >= 1 else 'slower'} "
+                           f"({ratio:.2f}x llama.cpp's speed)")
+    return out
+
+
+def versions(info: dict) -> dict:
+    import transformers
+
+    root = Path(__file__).resolve().parent.parent
+    git = lambda *c: subprocess.run(["git", "-C", root, *c], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    gcc = subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    return {"fastdllm_commit": git("rev-parse", "--short=12", "HEAD"),
+            "fastdllm_tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "fastdllm")),
+            "torch": torch.__version__, "transformers": transformers.__version__, "gcc": gcc, **info}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="22m", help=f"comma list of {', '.join(lb.SHAPES)}")
+    ap.add_argument("--threads", type=int, default=2, help="both tools")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per row, interleaved across rows")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen-len", type=int, default=256)
+    ap.add_argument("--block-len", type=int, default=32)
+    ap.add_argument("--eq-steps", type=int, default=None, help="fastdllm steps of the equality run (default gen_len: "
+                    "one token per step; fewer: gen_len/steps tokens per step, leftmost first, in both)")
+    ap.add_argument("--fwd-steps", type=int, default=8, help="fastdllm steps of the per-forward rows (llama.cpp: the "
+                    "same steps per block over its ub/block blocks)")
+    ap.add_argument("--precisions", default="f32,bf16,q8_0,q4_0", help="llama.cpp types (fastdllm: the matching class)")
+    ap.add_argument("--best-llama", default="f32,bf16,q8_0,q4_0", help="llama.cpp types timed end to end")
+    ap.add_argument("--best-fastdllm", default="fp32,bf16,int8,int4", help="fastdllm precisions timed end to end")
+    ap.add_argument("--e2e", choices=("measure", "project"), default="measure",
+                    help="llama.cpp end to end: run it, or project it from its per-forward rows (0.5B on 2 cores)")
+    ap.add_argument("--uncached-e2e", action="store_true", help="also time fastdllm's uncached one-token-per-step run")
+    ap.add_argument("--eps", type=float, default=1e-3, help="llama.cpp timestep schedule's eps")
+    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--busy", action="store_true", help="also time every row beside a hog on one core")
+    ap.add_argument("--busy-core", type=int, default=0)
+    ap.add_argument("--no-cli-check", action="store_true", help="skip the run of the unmodified llama-diffusion-cli")
+    ap.add_argument("--llamacpp-version", help="llama-cpp-python sdist version (default: the newest)")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
+                                                 for s in (a.precisions, a.best_llama, a.best_fastdllm))
+    torch.set_num_threads(a.threads)
+    shapes = a.shapes.split(",")
+    kinds = sorted(set(a.precisions) | set(a.best_llama) | {"f32"}, key=[p[0] for p in PRECISIONS].index)
+    prep = lb.prepare(shapes, kinds=kinds, version=a.llamacpp_version, jobs=os.cpu_count())
+    conditions = {"cpu": cpu_name(), "torch_capability": capability(), "bf16": bf16_note(), "threads": a.threads,
+                  "cores": os.cpu_count(), "load_start": loadavg(), "reps": a.reps, "prompt_len": a.prompt_len,
+                  "gen_len": a.gen_len, "block_len": a.block_len, **versions(prep["info"])}
+    print(f"built llama.cpp {prep['info']} in {lb.CACHE}", file=sys.stderr)
+    results, report = [], {"conditions": conditions, "shapes": {}, "notes": []}
+    for shape in shapes:
+        files = prep["files"][shape]
+        lms, skipped = {}, {}
+        for _, fq in PRECISIONS:
+            lm, why = load_fastdllm(files["checkpoint"], fq)
+            (lms.__setitem__(fq, lm) if lm else skipped.__setitem__(fq, why))
+        for fq, why in skipped.items():
+            note = f"{shape}: fastdllm {fq} skipped: load(..., quantize={fq!r}) fails here: {why}"
+            report["notes"].append(note)
+            print(note, file=sys.stderr)
+        tok = lms["fp32"].tokenizer
+        prompt = tok(TEXT)["input_ids"][:a.prompt_len]
+        n_params = sum(p.numel() for p in lms["fp32"].model.parameters())
+        info = {"description": lb.SHAPES[shape][0], "params": n_params, "canvas": a.prompt_len + a.gen_len}
+        # warm-up (fastdllm: the first forward of a process; llama.cpp: page cache)
+        for fq, lm in lms.items():
+            fastdllm(lm, prompt, cfg_of(a, "sequential", "none", a.gen_len // a.block_len))
+        if not a.no_cli_check:
+            text = tok.decode(prompt)
+            plain = llama(prep["bins"], files["f32"], prompt, a, steps=(a.prompt_len + a.gen_len) // a.block_len,
+                          text=text, plain=True)
+            patched = llama(prep["bins"], files["f32"], prompt, a, steps=(a.prompt_len + a.gen_len) // a.block_len,
+                            text=text)
+            info["cli_check"] = {"same_text": plain["text"] == patched["text"], "cli_s": plain["seconds"],
+                                 "ids_driver_s": patched["seconds"], "forwards": [plain["forwards"], patched["forwards"]]}
+            print(f"{shape}: CLI check {info['cli_check']}", file=sys.stderr)
+        eq = equality(prep["bins"], files, lms, prompt, a, a.eq_steps or a.gen_len)
+        info["equality"] = eq
+        print(f"{shape}: equality {eq}", file=sys.stderr, flush=True)
+        rows, notes = shape_rows(prep["bins"], files, lms, prompt, a, shape)
+        timed(rows, a.reps, a.busy_core if a.busy else None)
+        shape_results = [summary(r, a.gen_len) for r in rows]
+        if a.e2e == "project":
+            shape_results += project_llama_e2e(shape_results, a, (a.prompt_len + a.gen_len) // a.block_len)
+        results += shape_results
+        report["shapes"][shape] = info
+        report["notes"] += notes
+        del lms
+    conditions["load_end"] = loadavg()
+    c = conditions
+    print(f"\n# fastdllm vs llama.cpp's diffusion CLI\n\n"
+          f"CPU {c['cpu']} ({c['cores']} cores), torch capability {c['torch_capability']}, {c['bf16']}; "
+          f"{c['threads']} threads each; load {c['load_start']} -> {c['load_end']}; fastdllm {c['fastdllm_commit']}"
+          f"{' (uncommitted changes in fastdllm/)' if c['fastdllm_tree_dirty'] else ''}, torch {c['torch']}, "
+          f"transformers {c['transformers']}; llama.cpp {c['llama_cpp_commit']} ({c.get('llama_cpp_date', '?')}, "
+          f"llama-cpp-python {c['llama_cpp_python']} sdist, ggml {c.get('ggml', '?')}, gcc {c['gcc']}, -march=native).\n"
+          f"Prompt {c['prompt_len']} tokens, {c['gen_len']} generated, blocks of {c['block_len']}, greedy; medians of "
+          f"{c['reps']} interleaved runs (spread min-max).\n")
+    for shape, info in report["shapes"].items():
+        eq = info["equality"]
+        print(f"- {shape}: {info['description']}, {info['params'] / 1e6:.1f}M parameters, canvas {info['canvas']}. "
+              f"Token equality (fp32, llama.cpp -fa off --top-k 1 vs fastdllm sequential, cache none, "
+              f"{eq['n'] // eq['steps']} token(s)/step): {'EQUAL' if eq['equal'] else 'DIFFERENT'} over {eq['n']} "
+              f"tokens" + ("" if eq["equal"] else f", first difference at {eq['first_difference']} "
+                           f"{eq['at_difference']}") + (f"; plain CLI vs ids driver same text: "
+                                                        f"{info['cli_check']['same_text']}" if "cli_check" in info else ""))
+    print()
+    print(table(results, a.busy))
+    print()
+    for line in best_lines(results) + report["notes"]:
+        print(f"- {line}")
+    if a.json:
+        report["results"] = results
+        a.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
