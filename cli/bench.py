@@ -5,6 +5,7 @@ process runs its share of every row's batches, rank 0 merges them into one table
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +23,7 @@ from .terminal import err_console, is_terminal, out_console
 from .user_errors import user_errors
 
 DEFAULT_N_PROMPTS = 4     # built-in sets; a --prompts file runs whole
+DEFAULT_REPETITIONS = 3   # interleaved; the median of 3 outvotes one repetition a busy machine slowed
 
 
 def _comma_list(text: str | None, name: str) -> tuple | None:
@@ -43,10 +45,12 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(t) for t in items))
 
 
-def list_configs(model: str | None) -> None:
+def list_configs(model: str | None, suite: str | None) -> None:
     from fastdllm.bench.cases import table_for
+    from fastdllm.bench.suite import suite_table
 
-    table = table_for(resolve_model_dir(model))
+    model_dir = resolve_model_dir(model)
+    table = suite_table(suite, model_dir)[0] if suite else table_for(model_dir)
     width = max(map(len, table))
     for row in table.values():
         sys.stdout.write(f"{row.name:<{width}}  {row.doc}\n")
@@ -56,7 +60,8 @@ def list_configs(model: str | None) -> None:
 def bench(
     configs: Annotated[Optional[list[str]], typer.Option("--configs", "-c", help="Rows to run, comma list (default: all; see --list).")] = None,
     profile: Annotated[Optional[list[str]], typer.Option("--profile", "-P", help="Add a profile as a row (repeatable).")] = None,
-    gen_len: Annotated[str, typer.Option("--gen-len", "-n", help="Generation lengths, comma list.")] = "256",
+    suite: Annotated[Optional[str], typer.Option("--suite", help="Run a suite's rows: accelerators (the vanilla baseline, Fast-dLLM, every accelerator alone and on Fast-dLLM; default gen_len 256,1024 and the math prompts; rows the model refuses are left out with the reason). -c picks among them.")] = None,
+    gen_len: Annotated[Optional[str], typer.Option("--gen-len", "-n", help="Generation lengths, comma list (default 256; a suite's own).")] = None,
     block_len: Annotated[Optional[str], typer.Option("--block-len", help="Block lengths, comma list (default: the model family's, 32 for LLaDA and Dream).")] = None,
     threshold: Annotated[Optional[str], typer.Option("--threshold", help="Thresholds for rows using the threshold rule, comma list.")] = None,
     factor: Annotated[Optional[str], typer.Option("--factor", help="Factors for rows using the factor rule, comma list.")] = None,
@@ -66,7 +71,7 @@ def bench(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field (and a \"suffix\" on every line: infilling), or one prompt per line.")] = None,
     n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
-    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Timed runs of every row (mean and std of tokens/s).")] = 1,
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable).")] = DEFAULT_REPETITIONS,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of the first batch per cache mode and shape.")] = 1,
     output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,
@@ -79,13 +84,16 @@ def bench(
     quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
 ):
     """Benchmark decoding configurations (cache modes x commit rules) on a prompt set: tokens/s,
-    NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality."""
+    NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality;
+    with --quantize, also each row's agreement with itself on the unquantized weights."""
     if list_rows:
-        return list_configs(model)
+        return list_configs(model, suite)
     parallel.quiet_followers()
     from fastdllm.bench import cases as bench_cases
     from fastdllm.bench import prompts, runner
+    from fastdllm.bench import suite as bench_suite
     from fastdllm.bench.format import format_for, require_matplotlib
+    from fastdllm.bench.format import render as bench_render
     from fastdllm.bench.inputs import check_infilling
     from fastdllm.decode import profiles
     from fastdllm.decode.rules import RULES
@@ -101,18 +109,27 @@ def bench(
     check_writable(plot, "--plot")
     if plot is not None:
         require_matplotlib()
-    sweep = bench_cases.Sweep(gen_len=_comma_list(gen_len, "gen_len"), block_len=_comma_list(block_len, "block_len"),
-                         batch_size=_batch_sizes(batch_size), threshold=_comma_list(threshold, "threshold"),
-                         factor=_comma_list(factor, "factor"), early_stop=early_stop)
     model_dir = resolve_model_dir(model)
+    table, left_out = bench_suite.suite_table(suite, model_dir) if suite else (None, [])
+    defaults = bench_suite.SUITE_DEFAULTS.get(suite, {})
+    if prompts_file is None and prompt_set is None:
+        prompt_set = defaults.get("prompt_set")
+    sweep = bench_cases.Sweep(gen_len=_comma_list(gen_len or defaults.get("gen_len", "256"), "gen_len"),
+                         block_len=_comma_list(block_len, "block_len"), batch_size=_batch_sizes(batch_size),
+                         threshold=_comma_list(threshold, "threshold"), factor=_comma_list(factor, "factor"),
+                         early_stop=early_stop)
     rows = bench_cases.pick_rows(comma_names(configs), [profiles.find(p) for p in comma_names(profile) or []],
-                                 bench_cases.table_for(model_dir))
+                                 table or bench_cases.table_for(model_dir))
     if prompts_file is not None and prompt_set is not None:
         raise UsageError("give --prompts FILE or --prompt-set NAME, not both")
     chosen = prompts.from_file(prompts_file) if prompts_file else prompts.builtin(prompt_set) if prompt_set else None
     n = n_prompts if n_prompts is not None or prompts_file else DEFAULT_N_PROMPTS
     chosen = chosen and chosen.take(n)
-    cases = bench_cases.expand(rows, sweep, model_dir)
+    if suite:                                            # a row the sweep refuses is left out, not an error
+        cases, refused = bench_suite.expand_kept(rows, sweep, model_dir)
+        left_out += refused
+    else:
+        cases = bench_cases.expand(rows, sweep, model_dir)
     if chosen is not None:
         check_infilling(chosen, cases, chat)
     for param in bench_cases.SWEPT_PARAMS:
@@ -123,10 +140,20 @@ def bench(
     lm = load_model(model_dir, **placement)
     if chosen is None:
         chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
+    if suite:                                            # and so is one the model refuses
+        cases, refused = bench_suite.applicable(lm, cases, chosen, chat)
+        left_out += refused
+    for line in left_out:
+        err_console.print(f"left out: {line}", style="yellow")
+    if not cases:
+        raise UsageError("no row of the suite applies to this model and sweep")
+    render = functools.partial(bench_render, left_out=left_out)
 
     measured, stopped = [], None
     share = (world.rank, world.size)
-    total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup, share)
+    quantized = placement["quantize"] != "none"
+    total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup, share) + (
+        runner.count_runs(cases, len(chosen.prompts), 1, 0, share) if quantized else 0)
     err_console.print(f"bench: {len(cases)} rows x {len(chosen.prompts)} {chosen.name} prompts "
                       f"({total} runs{f' on rank 0 of {world.size}' if world.size > 1 else ''}) on {lm.path.name}",
                       style="dim")
@@ -141,19 +168,51 @@ def bench(
                 m = runner.merge(shares)
                 measured.append(m)
                 if output is not None:                   # on disk as soon as it is finished
-                    save(runner.compare(measured), fmt, output)
+                    save(runner.compare(measured), fmt, output, render)
+            if quantized:                                # timed rows first: their memory is the quantized model's
+                parts.close()
+                del lm, parts
+                for m, answers in zip(measured, _unquantized_answers(model_dir, placement, cases, chosen, chat,
+                                                                     world, tick)):
+                    m.unquantized = answers
+                if output is not None:
+                    save(runner.compare(measured), fmt, output, render)
     except (KeyboardInterrupt, Exception) as e:          # Ctrl+C, out of memory, ...: keep the finished rows
+        # (repetitions interleave: rows finish one by one in the last round)
         stopped = e
         if measured:
             what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             err_console.print(f"{what}: keeping the {len(measured)} of {len(cases)} rows finished", style="yellow")
     records = runner.compare(measured)
     if records:
-        _emit(records, fmt, output, plot)
+        _emit(records, fmt, output, plot, left_out)
     if isinstance(stopped, KeyboardInterrupt):
         raise typer.Exit(130)
     if stopped is not None:
         raise stopped
+
+
+def _unquantized_answers(model_dir, placement: dict, cases, chosen, chat, world, tick) -> list[list[list[int]]]:
+    """Every case run once (untimed) on the model loaded unquantized, same dtype and device: the
+    answers that each quantized row is compared with (rank 0's list; the others' is empty)."""
+    import gc
+
+    import torch
+
+    from fastdllm.bench import runner
+
+    gc.collect()                                         # the quantized model goes first
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    lm = load_model(model_dir, **{**placement, "quantize": "none"})
+    parts = runner.measure_share(lm, cases, chosen, chat=chat, repetitions=1, warmup=0, on_run=tick,
+                                 share=(world.rank, world.size))
+    answers = []
+    for _ in cases:
+        shares = world.exchange(lambda: next(parts))
+        if world.first:
+            answers.append(runner.merge(shares).answers)
+    return answers
 
 
 class RunProgress:
@@ -198,19 +257,19 @@ class RunProgress:
             self.last = label
 
 
-def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None) -> None:
+def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None, left_out: list[str]) -> None:
     from fastdllm.bench.format import plot as draw
     from fastdllm.bench.format import render, table
 
     if output is not None:
-        save(records, fmt, output)
+        save(records, fmt, output, functools.partial(render, left_out=left_out))
         err_console.print(f"results written to {output} ({fmt})", style="dim")
     if output is None and fmt != "table":
-        sys.stdout.write(render(records, fmt))
+        sys.stdout.write(render(records, fmt, left_out=left_out))
     elif is_terminal(sys.stdout):
-        out_console.print(table(records))
+        out_console.print(table(records, left_out))
     else:
-        sys.stdout.write(render(records, "table"))
+        sys.stdout.write(render(records, "table", left_out=left_out))
     if plot is not None:
         draw(records, plot)
         err_console.print(f"plot written to {plot}", style="dim")

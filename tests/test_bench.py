@@ -117,6 +117,65 @@ def test_speedup_and_agreement_against_the_baseline_of_the_same_group():
     assert records[4]["agreement_tokens"] == pytest.approx(5 / 6, abs=1e-4)
 
 
+# --- repetitions: interleaved, median and spread, the unreliable mark ---------------------------
+
+def scripted_measure(lm, names, seconds, monkeypatch, repetitions=3):
+    """bench.measure on one prompt, each timed run's seconds (in the order run) taken from
+    `seconds` and 10 tokens counted per answer; returns (records, the runs seen, when rows came)."""
+    real, clock = bench._timed_run, iter(seconds)
+
+    def scripted(*args):
+        result = real(*args)
+        result.seconds_total, result.ids = next(clock), [[7] * 10]
+        return result
+
+    monkeypatch.setattr(bench, "_timed_run", scripted)
+    cases = expand(pick_rows(names), Sweep(gen_len=(16,), block_len=(8,)), environ=NO_ENV)
+    seen, arrived, measured = [], [], []
+    for m in bench.measure(lm, cases, prompts.PromptSet("t", ["def f(x):\n"]), chat=False, warmup=1,
+                           repetitions=repetitions, on_run=lambda case, what: seen.append((case.name, what))):
+        arrived.append((m.record["config"], len(seen)))
+        measured.append(m)
+    return compare(measured), seen, arrived
+
+
+def test_repetitions_interleave_and_give_median_and_spread(llada64, one_thread, monkeypatch):
+    records, seen, arrived = scripted_measure(llada64, ["baseline", "dual"], [2.0, 1.0, 4.0, 0.5, 2.5, 0.8],
+                                              monkeypatch)
+    assert seen == [("baseline", "warm-up"), ("dual", "warm-up"),          # warm-ups, then round-robin
+                    *[(name, f"rep {r}/3") for r in (1, 2, 3) for name in ("baseline", "dual")]]
+    assert arrived == [("baseline", 7), ("dual", 8)]                      # each row after its last repetition
+    base, dual = records
+    assert base["tokens_per_second_reps"] == [5.0, 2.5, 4.0] and base["tokens_per_second"] == 4.0
+    assert base["tokens_per_second_spread"] == pytest.approx((5.0 - 2.5) / 4.0)
+    assert dual["tokens_per_second_reps"] == [10.0, 20.0, 12.5] and dual["tokens_per_second"] == 12.5
+    assert dual["tokens_per_second_spread"] == pytest.approx(10.0 / 12.5) and dual["seconds"] == 0.8
+    assert dual["speedup"] == pytest.approx(12.5 / 4.0) and (dual["speedup_min"], dual["speedup_max"]) == (2.0, 8.0)
+    assert dual["speedup_reliable"] is False and base["speedup_reliable"] is None and base["speedup"] == 1.0
+    md = bench_format.render(records, "md")
+    assert "| ~3.12x |" in md and "| 80.0% |" in md and "~: speed-up unreliable" in md
+    assert "3 timed repetitions interleaved, tok/s their median" in md
+
+
+def test_steady_repetitions_leave_the_speedup_unmarked(llada64, one_thread, monkeypatch):
+    records, _, _ = scripted_measure(llada64, ["baseline", "dual"], [2.0, 1.0, 2.1, 1.02, 2.05, 0.98], monkeypatch)
+    assert records[1]["speedup_reliable"] is True and records[1]["tokens_per_second_spread"] < 0.05
+    md = bench_format.render(records, "md")
+    assert "~" not in md and f"| {records[1]['speedup']:.2f}x |" in md
+
+
+def test_unreliable_when_ranges_overlap_or_a_spread_is_wide():
+    from fastdllm.bench.cases import SPREAD_LIMIT
+    from fastdllm.bench.runner import speedup_fields
+
+    assert speedup_fields([10.5, 11.0, 10.8], [10.0, 10.2, 10.6])["speedup_reliable"] is False     # overlap
+    assert speedup_fields([11.0, 11.2, 11.1], [10.0, 10.2, 10.1])["speedup_reliable"] is True      # close, apart
+    wide = 1 + SPREAD_LIMIT + 0.01
+    assert speedup_fields([30.0, 30.0 * wide, 31.0], [10.0, 10.1, 10.2])["speedup_reliable"] is False
+    assert speedup_fields([30.0], [10.0])["speedup_reliable"] is None                               # spread unknown
+    assert speedup_fields([30.0, 31.0], [0.0, 0.0])["speedup"] is None
+
+
 # --- formatters: one schema, five renderings ---------------------------------------------------
 
 @pytest.fixture
@@ -142,7 +201,7 @@ def test_human_formats_show_comparisons_and_move_constants_to_the_caption(record
     assert "gen" not in head.split(" | ")                               # not swept: in the caption
     assert sep.startswith("|---|") and len(body) == 2
     assert "| dual+parallel | dual | t=0.8 |" in body[1] and "3.00x" in body[1] and "50.0%" in body[1]
-    assert "30.0 ± 1.2" in body[1] and "1/step" in body[0]
+    assert "| 30.0 |" in body[1] and "1/step" in body[0] and "spread" not in head   # one repetition
     caption = md.split("\n\n")[1]
     assert "tiny (llada, cpu, float32)" in caption and "gen_len 32" in caption and "2 code prompts, raw" in caption
     text = bench_format.render(records, "table")
@@ -231,6 +290,33 @@ def test_cli_bench_json_and_output_file(llada_dir, tmp_path):
     assert rows[0]["quality_metric"] == "parses" and rows[0]["chat_template"] == "False"
 
 
+def test_cli_quantized_rows_agree_with_the_same_row_unquantized(llada_dir, monkeypatch):
+    pytest.importorskip("bitsandbytes")
+    import fastdllm.cli.bench as cli_bench
+
+    real, loads = cli_bench.load_model, []
+    monkeypatch.setattr(cli_bench, "load_model", lambda path, **p: (loads.append(p), real(path, **p))[1])
+    r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--n-prompts", "2",
+               "--raw", "--warmup", "0", "-r", "1", "--quantize", "8bit", "--dtype", "fp32", "-o", "jsonl")
+    assert r.exit_code == 0, r.stderr
+    assert loads == [{"dtype": "fp32", "device": "auto", "quantize": "8bit"},     # timed: the quantized model
+                     {"dtype": "fp32", "device": "auto", "quantize": "none"}]     # then the reference
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["config"] for x in rows] == ["baseline", "dual+parallel"] and rows[0]["quantize"] == "8bit"
+    for x in rows:
+        assert 0.0 <= x["agreement_unquantized_tokens"] <= 1.0 and 0.0 <= x["agreement_unquantized_answers"] <= 1.0
+    assert "same tok unquant." in bench_format.render(rows, "table")
+
+
+def test_unquantized_agreement_is_against_the_same_case():
+    measured = [Measured(record("baseline", 10.0), [[1, 2, 3, 4]], unquantized=[[1, 2, 3, 4]]),
+                Measured(record("dual", 20.0), [[1, 2, 0, 4]], unquantized=[[1, 2, 0, 0]])]
+    records = compare(measured)
+    assert records[0]["agreement_unquantized_tokens"] == 1.0 and records[1]["agreement_unquantized_tokens"] == 0.75
+    assert records[1]["agreement_tokens"] == 0.75 and records[1]["agreement_unquantized_answers"] == 0.0
+    assert compare([Measured(record("baseline"), [[1]])])[0].get("agreement_unquantized_tokens") is None
+
+
 @pytest.mark.parametrize("args, message", [
     (["-n", "30", "--block-len", "8"], "gen_len 30 is not a multiple of block_len 8"),
     (["--threshold", "0.5,1.5"], "threshold: 1.5 is above the maximum 1.0"),
@@ -258,122 +344,7 @@ def test_ctrl_c_keeps_finished_rows(llada_dir, monkeypatch):
 
     monkeypatch.setattr(bench, "run", interrupted_on_third)
     r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual,dual+parallel",
-               "--n-prompts", "1", "--warmup", "0", "-o", "jsonl")
+               "--n-prompts", "1", "--warmup", "0", "-r", "1", "-o", "jsonl")
     assert r.exit_code == 130
     assert [json.loads(line)["config"] for line in r.stdout.splitlines()] == ["baseline", "dual"]
     assert "interrupted" in r.stderr and "2 of 3 rows" in r.stderr
-
-
-# --- infilling -----------------------------------------------------------------------------------
-
-def infill_templates(lm, prompt_set, gen_len):
-    """The set's templates as `fastdllm generate --suffix` builds them (cli/infill.py)."""
-    from fastdllm.decode import infill
-
-    encode = lambda text: lm.tokenizer(text, add_special_tokens=False)["input_ids"]    # noqa: E731
-    return [infill.tokenize([p, None, s], encode, mask=lm.specials.mask, default_len=gen_len)
-            for p, s in zip(prompt_set.prompts, prompt_set.suffixes)]
-
-
-def test_infill_set_is_sixteen_return_lines_after_parsing_middles():
-    import ast
-
-    s = prompts.builtin("infill")
-    assert len(s.prompts) == len(s.references) == len(s.suffixes) == 16 and s.quality_metric == "parses"
-    for prefix, middle, suffix in zip(s.prompts, s.references, s.suffixes):
-        ast.parse(prefix + middle + suffix)
-        assert prefix.startswith("def ") and 1 <= middle.count("\n") <= 8
-        assert suffix.lstrip().startswith("return ") and suffix.count("\n") == 1 and suffix.endswith("\n")
-    assert s.quality(s.references) == 1.0                       # judged with the suffix after the answer
-    assert s.quality(["    if x:\n"] + s.references[1:]) == 15 / 16
-    two = s.take(2)
-    assert two.suffixes == s.suffixes[:2] and two.references == s.references[:2]
-    assert prompts.builtin("infill") is s                       # cut once
-
-
-def test_infill_set_reads_the_stdlib_only_when_asked_for():
-    import subprocess
-
-    code = "import sys, fastdllm.bench.prompts; print('fastdllm.training.data' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
-
-
-def test_prompts_file_with_suffixes_is_an_infilling_set(tmp_path):
-    (tmp_path / "f.jsonl").write_text('{"prompt": "def f(x):\\n", "suffix": "    return y\\n"}\n\n'
-                                      '{"prompt": "a = ", "suffix": "\\n"}\n')
-    s = prompts.from_file(tmp_path / "f.jsonl")
-    assert s.prompts == ["def f(x):\n", "a = "] and s.suffixes == ["    return y\n", "\n"] and s.check is None
-    (tmp_path / "mix.jsonl").write_text('{"prompt": "a", "suffix": "b"}\n\n{"prompt": "c"}\n')
-    with pytest.raises(UsageError, match=r'mix.jsonl:3: no "suffix", unlike line 1') as e:
-        prompts.from_file(tmp_path / "mix.jsonl")
-    assert "\n" not in str(e.value)
-    (tmp_path / "mix2.jsonl").write_text('{"prompt": "a"}\n{"prompt": "c", "suffix": "d"}\n')
-    with pytest.raises(UsageError, match=r'mix2.jsonl:2: a "suffix", unlike line 1'):
-        prompts.from_file(tmp_path / "mix2.jsonl")
-    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "suffix": 3}\n')
-    with pytest.raises(UsageError, match=r'bad.jsonl:1: "suffix" must be a non-empty string'):
-        prompts.from_file(tmp_path / "bad.jsonl")
-
-
-def test_runner_infill_rows_equal_each_template_run_alone(llada64, one_thread):
-    from fastdllm.decode.engine import run
-
-    chosen = prompts.builtin("infill").take(2)
-    cases = expand(pick_rows(["baseline", "dual+parallel"]), Sweep(gen_len=(16,), block_len=(8,)), environ=NO_ENV)
-    measured = list(bench.measure(llada64, cases, chosen, warmup=1))
-    records = compare(measured)
-    fills = infill_templates(llada64, chosen, 16)
-    for case, m in zip(cases, measured):
-        alone = [run(llada64.decoder, [f.ids], case.cfg, holes=f.holes) for f in fills]
-        assert m.answers == [r.ids[0] for r in alone]
-        assert m.record["nfe"] == sum(r.nfe for r in alone)
-        assert m.record["generated_tokens"] == sum(len(r.ids[0]) for r in alone)
-        assert m.record["quality"] == chosen.quality([r.texts[0] for r in alone])
-        assert m.record["infill"] is True and m.record["chat_template"] is False and m.record["n_prompts"] == 2
-    tokens, answers = agreement(measured[1].answers, measured[0].answers)
-    assert records[1]["agreement_tokens"] == round(tokens, 4) and records[1]["agreement_answers"] == round(answers, 4)
-    assert records[0]["agreement_tokens"] == 1.0
-
-
-def test_cli_bench_infill_set(llada_dir):
-    r = invoke("-m", llada_dir, "--prompt-set", "infill", "--n-prompts", "2", "-n", "16", "--block-len", "8",
-               "-c", "baseline,dual", "-o", "jsonl")
-    assert r.exit_code == 0, r.stderr
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [x["config"] for x in rows] == ["baseline", "dual"]
-    for x in rows:
-        assert x["prompt_set"] == "infill" and x["infill"] is True and x["quality_metric"] == "parses"
-        assert 0.0 <= x["quality"] <= 1.0 and x["nfe"] > 0 and x["generated_tokens"] >= 0
-        assert x["agreement_tokens"] is not None
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--batch-size", "1,2"], "--batch-size: infilling prompts run one at a time"),
-    (["--chat"], "--chat: infilling prompts are raw text"),
-])
-def test_cli_infill_refusals_are_one_line_before_loading(llada_dir, monkeypatch, args, message):
-    import fastdllm.cli.bench as cli_bench
-
-    monkeypatch.setattr(cli_bench, "load_model", lambda *a, **k: pytest.fail("model loaded"))
-    r = invoke("-m", llada_dir, "--prompt-set", "infill", "-n", "16", "--block-len", "8", *args)
-    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
-
-
-def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monkeypatch):
-    from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
-
-    path = write_sdar(tmp_path / "tiny-sdar")
-    lm = loading.load(path, dtype="fp32")
-    cases = expand(pick_rows(["baseline"]), Sweep(gen_len=(16,), block_len=(4,)), path, environ=NO_ENV)
-    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("a row ran"))
-    with pytest.raises(UserError, match="tiny-sdar cannot fill holes"):
-        list(bench.measure(lm, cases, prompts.builtin("infill").take(2)))
-
-
-def test_an_infilled_answer_between_whole_lines_is_judged_as_whole_lines():
-    from fastdllm.bench.prompts import in_place
-
-    assert in_place("def f(x):\n", "    y = x  ", "    return y\n") == "    y = x\n    return y\n"
-    assert in_place("def f(x):\n", "    y = x\n", "    return y\n") == "    y = x\n    return y\n"
-    assert in_place("x = (", "1 ", ")\n") == "1 )\n"                  # inside a line: as it is

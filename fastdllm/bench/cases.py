@@ -68,6 +68,10 @@ EDIT_CONFIGS = {row.name: row for row in [
 ]}
 EDITING_PROFILES = ("llada2",)      # families whose checkpoints decode with token editing (their default profile)
 BASELINE = "baseline"
+# A speed-up is unreliable when the fastest and slowest repetitions of the row or of its baseline
+# differ by more than this share of their median, or when the two rows' ranges overlap (then not
+# even "faster" or "slower" is certain).
+SPREAD_LIMIT = 0.25
 
 
 def table_for(model_dir: Path | None) -> dict[str, Row]:
@@ -136,7 +140,9 @@ def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
     cases = []
     for gen_len, block_len, batch in itertools.product(sweep.gen_len, sweep.block_len or [None], sweep.batch_size):
         for row in rows:
-            flags = {**row.values, "gen_len": gen_len, "block_len": block_len, "early_stop": sweep.early_stop}
+            # a swept block_len overrides the row's own; unswept (None), the row's stays
+            flags = {**row.values, "gen_len": gen_len, "early_stop": sweep.early_stop,
+                     **({"block_len": block_len} if block_len is not None else {})}
             try:
                 cfg = resolve(row.profile, flags, model_dir, environ)
             except UsageError as e:

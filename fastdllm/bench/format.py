@@ -12,6 +12,7 @@ from pathlib import Path
 from ..decode.rules import RULES, rule_text
 from ..errors import UsageError, UserError
 from ..units import human_bytes
+from .cases import SPREAD_LIMIT
 
 FORMATS = ("table", "md", "json", "jsonl", "csv")
 SUFFIXES = {".md": "md", ".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "table"}
@@ -39,9 +40,21 @@ def _pct(x) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _speed(r: dict) -> str:
-    std = r.get("tokens_per_second_std")
-    return f"{r['tokens_per_second']:.1f}" + (f" ± {std:.1f}" if std is not None else "")
+def _spread(r: dict) -> str | None:
+    spread = r.get("tokens_per_second_spread")
+    return None if spread is None else _pct(spread)
+
+
+def _speedup(r: dict) -> str | None:
+    """'3.21x'; '~3.21x' when the spreads make it unreliable (see runner.SPREAD_LIMIT)."""
+    if r["speedup"] is None:
+        return None
+    return ("~" if r.get("speedup_reliable") is False else "") + f"{r['speedup']:.2f}x"
+
+
+def _unquantized(r: dict) -> str | None:
+    same = r.get("agreement_unquantized_tokens")
+    return None if same is None else _pct(same)
 
 
 # (header, value from a record, shown only when the values differ between rows)
@@ -52,13 +65,15 @@ COLUMNS = [
     ("gen", lambda r: str(r["gen_len"]), True),
     ("block", lambda r: str(r["block_len"]), True),
     ("batch", lambda r: str(r["batch_size"]), True),
-    ("tok/s", _speed, False),
-    ("speedup", lambda r: None if r["speedup"] is None else f"{r['speedup']:.2f}x", False),
+    ("tok/s", lambda r: f"{r['tokens_per_second']:.1f}", False),
+    ("spread", _spread, False),
+    ("speedup", _speedup, False),
     ("NFE", lambda r: str(r["nfe"]), False),
     ("edits/block", lambda r: None if r.get("edits_per_block") is None else f"{r['edits_per_block']:.1f}", False),
     ("tok/fwd", lambda r: f"{r['tokens_per_forward']:.2f}", False),
     ("same tok", lambda r: None if r["agreement_tokens"] is None else _pct(r["agreement_tokens"]), False),
     ("same ans", lambda r: None if r["agreement_answers"] is None else _pct(r["agreement_answers"]), False),
+    ("same tok unquant.", _unquantized, False),
     ("quality", lambda r: None if r["quality"] is None else _pct(r["quality"]), False),
     ("peak mem", lambda r: human_bytes(r["peak_memory_bytes"]), False),
     ("KV cache", lambda r: human_bytes(r["cache_bytes"]), False),
@@ -90,7 +105,14 @@ def caption(records: list[dict]) -> str:
     for key, name in (("gen_len", "gen_len"), ("block_len", "block_len"), ("batch_size", "batch")):
         if len({x[key] for x in records}) == 1:
             parts.append(f"{name} {r[key]}")
-    parts.append(f"{r['repetitions']} timed repetition{'s' * (r['repetitions'] > 1)}, {r['warmup']} warm-up")
+    n = r["repetitions"]
+    parts.append(f"{n} timed repetition{'s' * (n > 1)}" + (" interleaved, tok/s their median, spread "
+                 "(fastest - slowest) / median" if n > 1 else "") + f", {r['warmup']} warm-up")
+    if any(x.get("speedup_reliable") is False for x in records):
+        parts.append(f"~: speed-up unreliable (a spread above {SPREAD_LIMIT:.0%}, or the row's and its "
+                     "baseline's ranges overlap)")
+    if any(x.get("agreement_unquantized_tokens") is not None for x in records):
+        parts.append("same tok unquant.: tokens equal to the same row on unquantized weights")
     if r.get("processes", 1) > 1:
         parts.append(f"{r['processes']} processes (tok/s over the slowest one's seconds)")
     parts.append(f"torch {r['torch']}, transformers {r['transformers']}, fastdllm {r['fastdllm']}")
@@ -98,11 +120,16 @@ def caption(records: list[dict]) -> str:
     return " · ".join(parts)
 
 
-def table(records: list[dict]):
+def left_out_lines(left_out: list[str]) -> str:
+    """The rows a suite left out, one line each under the caption (bench --suite)."""
+    return "".join(f"\nleft out: {line}" for line in left_out)
+
+
+def table(records: list[dict], left_out: list[str] = ()):
     from rich.table import Table
 
     headers, rows, text = cells(records)
-    t = Table(caption=text, caption_justify="left", header_style="bold")
+    t = Table(caption=text + left_out_lines(left_out), caption_justify="left", header_style="bold")
     for h in headers:
         t.add_column(h, justify="left" if h in LEFT else "right", no_wrap=h in ("config", "tok/s"))
     for row in rows:
@@ -110,18 +137,20 @@ def table(records: list[dict]):
     return t
 
 
-def markdown(records: list[dict]) -> str:
+def markdown(records: list[dict], left_out: list[str] = ()) -> str:
     headers, rows, text = cells(records)
+    text += left_out_lines(left_out).replace("\n", "\n\n")
     lines = ["| " + " | ".join(headers) + " |",
              "|" + "|".join("---" if h in LEFT else "---:" for h in headers) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + f"\n\n{text}\n"
 
 
-def render(records: list[dict], fmt: str, width: int = 200) -> str:
-    """Records as text in one of FORMATS (the table without colours, for files and pipes)."""
+def render(records: list[dict], fmt: str, width: int = 200, left_out: list[str] = ()) -> str:
+    """Records as text in one of FORMATS (the table without colours, for files and pipes); the rows
+    a suite left out under the table and in JSON (JSONL and CSV hold records only)."""
     if fmt == "json":
-        return json.dumps({"records": records}, indent=2) + "\n"
+        return json.dumps({"records": records, **({"left_out": list(left_out)} if left_out else {})}, indent=2) + "\n"
     if fmt == "jsonl":
         return "".join(json.dumps(r) + "\n" for r in records)
     if fmt == "csv":                          # flat: the per-rank figures stay in JSON
@@ -132,11 +161,11 @@ def render(records: list[dict], fmt: str, width: int = 200) -> str:
         writer.writerows(flat)
         return out.getvalue()
     if fmt == "md":
-        return markdown(records)
+        return markdown(records, left_out)
     from rich.console import Console
 
     console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
-    console.print(table(records))
+    console.print(table(records, left_out))
     return console.file.getvalue()
 
 

@@ -7,6 +7,11 @@ run (the engine also syncs at every step when it copies the step's decisions to 
 are counted up to the end of each answer (Result.generated_tokens); every record carries the
 conditions it was measured under.
 
+Repetitions are interleaved (every case's first repetition, then every case's second, ...), so a
+load that comes and goes on a busy machine falls on every case alike rather than on whichever
+ran then. A record keeps each repetition's tokens/s, their median and spread ((fastest - slowest)
+/ median); a speed-up is median over median, and `reliable` says whether the spreads allow it.
+
 Infilling sets (PromptSet.suffixes): each prompt is the template prefix + hole + suffix, the hole
 being the case's gen_len; templates run one at a time, raw text only.
 
@@ -30,7 +35,7 @@ from ..decode.engine import Result, run
 from ..decode.infill import Filling
 from ..decode.rules import rule_fields
 from ..errors import UsageError
-from .cases import BASELINE, Case
+from .cases import BASELINE, SPREAD_LIMIT, Case
 from .inputs import prepare
 from .prompts import PromptSet
 
@@ -39,6 +44,7 @@ from .prompts import PromptSet
 class Measured:
     record: dict
     answers: list[list[int]] = field(default_factory=list)   # per prompt (first repetition)
+    unquantized: list[list[int]] | None = None             # the same case's answers on unquantized weights
 
 
 @dataclass
@@ -72,30 +78,36 @@ def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None =
 def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
                   repetitions: int = 1, warmup: int = 1, on_run: Callable[[Case, str], None] | None = None,
                   share: tuple[int, int] = (0, 1)) -> Iterator[Share]:
-    """`measure` for rank `share[0]` of `share[1]` processes: its batches of each case, as a Share."""
+    """`measure` for rank `share[0]` of `share[1]` processes: its batches of each case, as a Share.
+    Warm-ups first, then the repetitions round-robin over the cases; a case's Share is yielded
+    when its last repetition is done (in case order, during the last round)."""
     check_counts(repetitions, warmup)
     inputs = prepare(lm, cases, prompt_set, chat)
     shared = conditions(lm, prompt_set, chat, repetitions, warmup)
     rank, size = share
-    warmed = set()
+    plans = []                                              # (case, its batches, this rank's indices)
     for case in cases:
         fills = inputs[case.cfg.gen_len]
         batches = [fills[i:i + case.batch_size] for i in range(0, len(fills), case.batch_size)]
-        mine = list(range(rank, len(batches), size))
+        plans.append((case, batches, list(range(rank, len(batches), size))))
+    warmed = set()
+    for case, batches, mine in plans:
         if mine and _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
             warmed.add(_warm_key(case))
             for _ in range(warmup):
                 _run(lm, batches[mine[0]], case.cfg)
                 if on_run:
                     on_run(case, "warm-up")
-        reps = []
-        for r in range(repetitions):
-            reps.append([])
+    reps = [[] for _ in plans]                              # per case, per repetition: its Results
+    for r in range(repetitions):
+        for (case, batches, mine), done in zip(plans, reps):
+            done.append([])
             for i in mine:
-                reps[-1].append(_timed_run(lm, batches[i], case.cfg))
+                done[-1].append(_timed_run(lm, batches[i], case.cfg))
                 if on_run:
                     on_run(case, f"rep {r + 1}/{repetitions}")
-        yield Share(case, mine, reps, prompt_set, shared)
+            if r == repetitions - 1:
+                yield Share(case, mine, done, prompt_set, shared)
 
 
 def merge(shares: list[Share]) -> Measured:
@@ -115,7 +127,7 @@ def merge(shares: list[Share]) -> Measured:
 
 def _rank_figures(rank: int, reps: list[list[Result]]) -> dict:
     tokens = sum(r.generated_tokens for r in reps[0]) if reps else 0
-    seconds = statistics.mean(sum(r.seconds_total for r in rep) for rep in reps) if reps else 0.0
+    seconds = statistics.median(sum(r.seconds_total for r in rep) for rep in reps) if reps else 0.0
     return {"rank": rank, "prompts": sum(r.batch for r in reps[0]) if reps else 0, "generated_tokens": tokens,
             "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 3) if seconds else None}
 
@@ -146,22 +158,23 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
     record = {
         "config": case.name, "cache": cfg.cache, **rule_fields(cfg),
         "block_len": cfg.block_len, "batch_size": case.batch_size, "group": list(case.group),
-        "tokens_per_second": round(statistics.mean(speeds), 3),
-        "tokens_per_second_std": round(statistics.stdev(speeds), 3) if len(speeds) > 1 else None,
-        "speedup": None,
+        **spread_fields(speeds),
+        "speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None,
         "nfe": sum(r.nfe for r in first),                 # forwards for the whole prompt set
         "tokens_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
         # token editing: written tokens overwritten, per block of each row
         "edits_per_block": round(sum(r.edits for r in first) / max(sum(r.blocks_decoded * r.batch for r in first), 1), 2)
         if cfg.edit_threshold is not None else None,
         "agreement_tokens": None, "agreement_answers": None,
+        "agreement_unquantized_tokens": None, "agreement_unquantized_answers": None,
         "quality": _round(prompt_set.quality(texts)), "quality_metric": prompt_set.quality_metric,
         "generated_tokens": sum(r.generated_tokens for r in first),
-        "seconds": round(statistics.mean(seconds(rep) for rep in reps), 4), "processes": processes,
+        "seconds": round(statistics.median(seconds(rep) for rep in reps), 4), "processes": processes,
         "peak_memory_bytes": max(r.peak_memory_bytes for rep in reps for r in rep),
         "peak_memory_kind": first[0].peak_memory_kind,
         "cache_bytes": max(r.cache_bytes for r in first),
-        **{k: getattr(cfg, k) for k in ("confidence", "temperature", "seed", "refresh_every", "early_stop")},
+        **{k: getattr(cfg, k) for k in ("confidence", "temperature", "seed", "refresh_every", "early_stop",
+                                        "credit", "prophet", "dpad_window")},     # the accelerator options
         **shared,
     }
     return Measured(record, [ids for r in first for ids in r.ids])
@@ -192,19 +205,54 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[flo
     return (same / positions if positions else 1.0), exact
 
 
+def spread_fields(speeds: list[float]) -> dict:
+    """A record's speed figures from each repetition's tokens/s: the median, every repetition, the
+    spread ((fastest - slowest) / median; None with one repetition) and the std (older readers)."""
+    median = statistics.median(speeds)
+    several = len(speeds) > 1
+    return {"tokens_per_second": round(median, 3),
+            "tokens_per_second_reps": [round(s, 3) for s in speeds],
+            "tokens_per_second_spread": round((max(speeds) - min(speeds)) / median, 4) if several and median else None,
+            "tokens_per_second_std": round(statistics.stdev(speeds), 3) if several else None}
+
+
+def speedup_fields(reps: list[float], base: list[float]) -> dict:
+    """speedup (median over median), its range (slowest row over fastest baseline, and the other
+    way round) and whether the spreads allow reading it (None: one repetition, spread unknown)."""
+    mid, base_mid = statistics.median(reps), statistics.median(base)
+    if not base_mid or not min(base):
+        return {"speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None}
+    reliable = None
+    if len(reps) > 1 and len(base) > 1:
+        spread = max((max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (reps, base))
+        overlap = min(reps) <= max(base) and min(base) <= max(reps)
+        reliable = spread <= SPREAD_LIMIT and not overlap
+    return {"speedup": round(mid / base_mid, 3), "speedup_min": round(min(reps) / max(base), 3),
+            "speedup_max": round(max(reps) / min(base), 3), "speedup_reliable": reliable}
+
+
 def compare(measured: list[Measured]) -> list[dict]:
     """Fill speedup (tokens/s ratio) and agreement against the baseline of each record's group;
-    left None where the group has no baseline row. Returns the records."""
+    left None where the group has no baseline row. A baseline's speed-up is 1 and not judged.
+    With unquantized answers, also each record's agreement with its own case on unquantized
+    weights. Returns the records."""
     def group(m):
         return tuple(m.record["group"])
 
     baselines = {group(m): m for m in measured if m.record["config"] == BASELINE}
     for m in measured:
+        if m.unquantized is not None:
+            tokens, answers = agreement(m.answers, m.unquantized)
+            m.record["agreement_unquantized_tokens"] = round(tokens, 4)
+            m.record["agreement_unquantized_answers"] = round(answers, 4)
         base = baselines.get(group(m))
         if base is None:
             continue
-        speed = base.record["tokens_per_second"]
-        m.record["speedup"] = round(m.record["tokens_per_second"] / speed, 3) if speed else None
+        reps = m.record.get("tokens_per_second_reps") or [m.record["tokens_per_second"]]
+        base_reps = base.record.get("tokens_per_second_reps") or [base.record["tokens_per_second"]]
+        m.record.update(speedup_fields(reps, base_reps))
+        if m is base:
+            m.record.update(speedup_min=None, speedup_max=None, speedup_reliable=None)
         tokens, answers = agreement(m.answers, base.answers)
         m.record["agreement_tokens"], m.record["agreement_answers"] = round(tokens, 4), round(answers, 4)
     return [m.record for m in measured]
