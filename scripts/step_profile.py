@@ -3,13 +3,15 @@
 
     python scripts/step_profile.py                            # both shapes, bf16 and fp32, every cache mode
     python scripts/step_profile.py --shapes 0.5b --dtypes bf16 --modes dual --reps 5
+    python scripts/step_profile.py --shapes 0.5b --quantize int8,int4 --modes dual   # + weight-only int8/int4
 
 Real decode steps through the engine (fixed rule, one token per step, greedy, prob confidence) on
 random models built in memory (scripts/speed.py's builder). The engine's forward is wrapped in a
 clock; "rest" is the step's wall time minus its forward: confidence, selection, commits, the
 candidates' gather, the host transfer and the block loop's own work; "predict" is the part of the
-rest spent in selection.predict (confidences and tokens over the vocabulary). The modes' repetitions are
-interleaved (none prefix dual none prefix dual ...); the table gives medians per step and the
+rest spent in selection.predict (confidences and tokens over the vocabulary). The repetitions of the
+variants (dtypes, --quantize) and modes are interleaved (bf16 fp32 bf16 fp32 ...; every variant is held
+in memory at once); the table gives medians per step and the
 spread (min-max) of the rest's share over the repetitions.
 """
 
@@ -51,14 +53,14 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine()
 
 
-def build_mid(dtype: str, tmp: Path):
-    return build_in_memory(Namespace(**MID, dtype=dtype, device="cpu", fixtures=FIXTURES), tmp)
+def build_mid(dtype: str, tmp: Path, quantize: str = "none"):
+    return build_in_memory(Namespace(**MID, dtype=dtype, device="cpu", fixtures=FIXTURES, quantize=quantize), tmp)
 
 
-def build_half_b(dtype: str, tmp: Path):
+def build_half_b(dtype: str, tmp: Path, quantize: str = "none"):
     """Qwen2.5-0.5B's shape in Dream's layout (2 KV heads, tied head), Dream's real tokenizer."""
     path = write_dream(tmp / "dream", hidden_size=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=64)
-    return in_memory(loading.load(path, dtype=dtype, device="cpu"), "Dream", HALF_B)
+    return in_memory(loading.load(path, dtype=dtype, device="cpu"), "Dream", HALF_B, quantize)
 
 
 # name -> (description, builder(dtype, tmp) -> LoadedModel)
@@ -102,30 +104,36 @@ def timed_run(lm, prompt: list[int], cfg: DecodeConfig) -> dict[str, float]:
             "predict": 1000 * predict.seconds / steps}
 
 
-def profile_shape(lm, args, label: str) -> None:
+def profile_shape(models: dict, args, label: str) -> None:
+    """`models`: variant name -> LoadedModel; the variants' and modes' repetitions are interleaved."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(10, 300, (args.prompt,), generator=g).tolist()
     config = lambda mode, n: DecodeConfig(gen_len=n, block_len=args.block_len, cache=mode,   # noqa: E731
                                           rule="fixed", early_stop=False)
     modes = args.modes.split(",")
-    for mode in modes:                                                  # warm-up
-        timed_run(lm, prompt, config(mode, args.block_len))
-    runs = {mode: [] for mode in modes}
+    for lm in models.values():
+        for mode in modes:                                              # warm-up
+            timed_run(lm, prompt, config(mode, args.block_len))
+    runs = {(v, mode): [] for v in models for mode in modes}
     for _ in range(args.reps):                                          # interleaved: A B C A B C
         for mode in modes:
-            runs[mode].append(timed_run(lm, prompt, config(mode, args.gen_len)))
+            for v, lm in models.items():
+                runs[v, mode].append(timed_run(lm, prompt, config(mode, args.gen_len)))
     for mode in modes:
-        median = {key: statistics.median(r[key] for r in runs[mode]) for key in ("step", "fwd", "predict")}
-        share = [(r["step"] - r["fwd"]) / r["step"] for r in runs[mode]]
-        print(f"{label:5s} {args.dtype:5s} {mode:7s} {median['step']:9.2f} {median['fwd']:9.2f} "
-              f"{median['step'] - median['fwd']:8.2f} {median['predict']:8.2f} {100 * statistics.median(share):6.1f}%   "
-              f"{100 * min(share):5.1f}-{100 * max(share):5.1f}%", flush=True)
+        for v in models:
+            r = runs[v, mode]
+            median = {key: statistics.median(x[key] for x in r) for key in ("step", "fwd", "predict")}
+            share = [(x["step"] - x["fwd"]) / x["step"] for x in r]
+            print(f"{label:5s} {v:5s} {mode:7s} {median['step']:9.2f} {median['fwd']:9.2f} "
+                  f"{median['step'] - median['fwd']:8.2f} {median['predict']:8.2f} {100 * statistics.median(share):6.1f}%   "
+                  f"{100 * min(share):5.1f}-{100 * max(share):5.1f}%", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="mid,0.5b", help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--quantize", default="", help="also int8 and/or int4 (bf16 activations), e.g. int8,int4")
     ap.add_argument("--modes", default="none,prefix,dual")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -141,14 +149,18 @@ def main() -> None:
           f"per step, greedy, prob confidence; {args.reps} repetitions per mode, interleaved; ms per step (medians)")
     for name in args.shapes.split(","):
         text, build = SHAPES[name]
-        for dtype in args.dtypes.split(","):
+        variants = [(d, d, "none") for d in args.dtypes.split(",")] + \
+            [(q, "bf16", q) for q in args.quantize.split(",") if q]
+        models = {}
+        for v, dtype, quantize in variants:                              # all held at once: interleaved
             with tempfile.TemporaryDirectory() as tmp:
-                lm = build(dtype, Path(tmp))
-            print(f"# {name}: {text}")
-            print(f"{'shape':5s} {'dtype':5s} {'cache':7s} {'step ms':>9s} {'fwd ms':>9s} {'rest ms':>8s} "
-                  f"{'predict':>8s} {'rest':>7s}   spread", flush=True)
-            profile_shape(lm, Namespace(**vars(args), dtype=dtype), name)
-            del lm
+                models[v] = build(dtype, Path(tmp), quantize)
+        sizes = ", ".join(f"{v} {lm.info['weights_bytes'] / 2**20:.0f} MiB" for v, lm in models.items())
+        print(f"# {name}: {text}; weights {sizes}")
+        print(f"{'shape':5s} {'model':5s} {'cache':7s} {'step ms':>9s} {'fwd ms':>9s} {'rest ms':>8s} "
+              f"{'predict':>8s} {'rest':>7s}   spread", flush=True)
+        profile_shape(models, args, name)
+        del models
 
 
 if __name__ == "__main__":

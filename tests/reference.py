@@ -206,3 +206,14 @@ def reference_generate(lm, prompt, *, cache, gen_length, block_length, steps=Non
                 record.append([[r, c + lo] for r, c in chosen.nonzero().tolist()])
             i += 1
     return x, nfe
+
+
+def cached_forward(net, x, cache: str, a: int, e: int, past):
+    """One cached step of Fast-dLLM's block loop, for transcriptions that run on its caches: prefix
+    recomputes [a, T) against the first a cached slots, dual recomputes [a, e) written into the
+    cache. Returns (logits of the recomputed span, the cache, the canvas offset of logits' row 0)."""
+    if cache == "prefix":
+        logits, _ = net.forward(x[:, a:], offset=a, past=[(k[:, :, :a], v[:, :, :a]) for k, v in past])
+        return logits, past, a
+    logits, past = net.forward(x[:, a:e], offset=a, past=past, replace=(a, e))
+    return logits, past, a

@@ -1,6 +1,8 @@
 """The CUDA-graph path's CPU-visible part: graph steps ask for logits at every position of the
 active block (committed positions as never-selected filler). That must not change a single
-decision. The graph replay itself needs a GPU: scripts/gpu_check.py compares it with this path."""
+decision. Where the decision runs on the device too (device_step.py) the graph holds the whole step:
+tests/test_device_step.py. The graph replay itself needs a GPU: scripts/gpu_check.py compares it with
+this path."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def test_full_block_candidates_change_nothing(family, cache, rule, request, monk
 def test_no_graphs_on_cpu_or_when_switched_off(llada64, monkeypatch):
     assert not graphs_possible(llada64.model)                        # CPU weights
     forward = SpanForward.for_model(llada64.model, None, None)
-    assert not forward.graphs and not forward.full_block
+    assert not forward.graphs and not forward.full_block and not forward.device_step   # today's step on CPU
+    assert SpanForward(llada64.model, None, None, graphs=True, full_block=False).device_step   # the whole step, graphed
     monkeypatch.setenv("FASTDLLM_CUDA_GRAPHS", "0")
     assert not graphs_possible(llada64.model)

@@ -35,6 +35,8 @@ class DecodeConfig:
     temperature: float = field(default=0.0, metadata={"min": 0.0, "help": "0 = greedy; > 0 samples (Gumbel-max)"})
     seed: int = field(default=0, metadata={"min": 0, "help": "random seed for sampling"})
     entropy_bound: float = field(default=0.1, metadata={"gt": 0.0, "help": "eb_sampler rule: the entropy (nats) the accepted positions ranked before each may add up to; eb_gamma rule (RND1): the bound on their entropies less the largest"})
+    dilation_base: int = field(default=2, metadata={"min": 1, "help": "dilated rule (DUS): each level's stride is the last one's divided by this (1: the whole block in one step)"})
+    dilation_skip: int = field(default=1, metadata={"min": 1, "help": "dilated rule: the first stride is block_len / dilation_base**dilation_skip"})
     denoise_steps: int = field(default=48, metadata={"min": 1, "help": "renoising samplers (DiffusionGemma): the most denoising steps per canvas"})
     t_max: float = field(default=0.8, metadata={"gt": 0.0, "help": "renoising samplers: the temperature at a canvas's first step (falling linearly to t_min)"})
     t_min: float = field(default=0.4, metadata={"min": 0.0, "help": "renoising samplers: the temperature the schedule falls towards at the last step"})
@@ -44,6 +46,19 @@ class DecodeConfig:
     max_post_steps: int = field(default=16, metadata={"min": 0, "help": "token editing: the most edit-only rounds after a block has no mask left"})
     refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
+    credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators.md 4)"})
+    credit_alpha: float = field(default=0.7, metadata={"gt": 0.0, "help": "credit: the weight of log(1 + credit) added to the logits"})
+    credit_gamma: float = field(default=0.2, metadata={"min": 0.0, "help": "credit: the power of each step's argmax probability that a masked position's credit gains"})
+    credit_beta: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0, "help": "credit: the factor a block's credit decays by at each of its steps after the first"})
+    prophet: bool = field(default=False, metadata={"help": "Prophet (early answer commit, docs/accelerators.md 3): at a step that recomputes the whole canvas, once the mean top-2 logit gap over the answer region reaches the phase's threshold, every remaining mask of the row takes this step's argmax and the row stops"})
+    prophet_early: float = field(default=7.5, metadata={"help": "prophet: the gap to reach while progress < 0.33"})
+    prophet_mid: float = field(default=5.0, metadata={"help": "prophet: the gap to reach while progress < 0.67"})
+    prophet_late: float = field(default=2.5, metadata={"help": "prophet: the gap to reach after that"})
+    answer_anchor: str | None = field(default=None, metadata={"help": "prophet: words written at generation offsets before the first step, 'offset:word|...' (e.g. '200:The|201:answer|202:is'); the answer region starts two slots after the last"})
+    answer_tokens: int = field(default=5, metadata={"min": 1, "help": "prophet: the answer region's length (slots whose gaps are averaged)"})
+    dpad_window: int | None = field(default=None, metadata={"min": 1, "help": "DPad (suffix dropout, docs/accelerators.md 2): at each block start keep the j-th masked slot after the block with probability dpad_scale * exp(-x^2/2) / sqrt(2 pi), x = j * dpad_k / (dpad_window - 1), never past this many slots; the rest is dropped from the forward (none: off)"})
+    dpad_k: float = field(default=4.0, metadata={"min": 0.0, "help": "dpad: where the window ends, in standard deviations of the keep profile (their --k_sigma)"})
+    dpad_scale: float = field(default=2.0, metadata={"gt": 0.0, "help": "dpad: the keep profile's scale (the keep probability right after the block is dpad_scale / sqrt(2 pi))"})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -68,8 +83,52 @@ class DecodeConfig:
             raise ConfigError(f"t_max {self.t_max} is below t_min {self.t_min} (the schedule falls from t_max to t_min)")
         if rule.needs_probability and self.confidence not in ("prob", "margin"):
             raise ConfigError(f"confidence '{self.confidence}' is not a probability; the {self.rule} rule needs prob or margin")
+        if self.rule == "dilated" and self.steps is not None:
+            raise ConfigError("the dilated rule takes one step per level (log_base of block_len); unset steps")
+        if self.rule == "dilated" and self.sub_block_len is not None:
+            raise ConfigError("the dilated rule plans a whole block; unset sub_block_len")
         if self.edit_threshold is not None:
             self._check_editing(rule)
+        if self.credit and rule.renoise:
+            raise ConfigError(f"credit accumulates over a masked block's steps; the {self.rule} rule resamples whole canvases")
+        if self.credit and self.edit_threshold is not None:
+            raise ConfigError("credit: edit_threshold re-decides written tokens; credit is defined for masked positions "
+                              "only (unset one)")
+        if self.prophet:
+            self._check_prophet(rule)
+        if self.dpad_window is not None:
+            self._check_dpad(rule)
+        if CACHE_MODES[self.cache].delayed and self.sub_block_len is not None:   # (dpad: _check_dpad)
+            raise ConfigError(f"cache {self.cache} recomputes masked slots anywhere; unset sub_block_len")
+
+    def _check_dpad(self, rule) -> None:
+        """DPad (decode/suffix_dropout.py) drops masked slots after the active block."""
+        if rule.renoise:
+            raise ConfigError(f"dpad drops masked suffix slots; the {self.rule} rule resamples whole canvases")
+        if rule.whole_canvas:
+            raise ConfigError(f"dpad needs blocks after the active one; the {self.rule} rule decodes one global canvas")
+        if self.prophet:
+            raise ConfigError("dpad: not combined with prophet (its anchors stand in the suffix; unset one)")
+        if CACHE_MODES[self.cache].delayed:
+            raise ConfigError(f"dpad: not combined with the {self.cache} cache (its delayed slots are canvas positions, "
+                              f"not the compacted suffix); use none, prefix or dual")
+
+    def _check_prophet(self, rule) -> None:
+        """Prophet (decode/prophet.py) needs an anchor inside the canvas and a mask-committing loop."""
+        if not self.answer_anchor:
+            raise ConfigError(f"prophet: set answer_anchor (e.g. '{ANCHOR_EXAMPLE}'): the gap is measured on the tokens after it")
+        try:
+            last = max(pos for pos, _ in parse_anchor(self.answer_anchor))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if last + 2 >= self.gen_len:
+            raise ConfigError(f"answer_anchor: offset {last} leaves no answer region inside gen_len {self.gen_len} "
+                              f"(it starts two slots after the last anchor)")
+        if rule.renoise:
+            raise ConfigError(f"prophet commits masked positions early; the {self.rule} rule resamples whole canvases")
+        if self.edit_threshold is not None or self.credit:
+            raise ConfigError("prophet: not combined with " + ("edit_threshold" if self.edit_threshold is not None
+                                                                else "credit") + " (unset one)")
 
     def _check_editing(self, rule) -> None:
         """Token editing (docs/llada2-editing.md) compares the new token's probability, per whole block."""
@@ -114,6 +173,21 @@ class DecodeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+ANCHOR_EXAMPLE = "200:The|201:answer|202:is"      # Prophet's eval (constraints_text)
+
+
+def parse_anchor(text: str) -> list[tuple[int, str]]:
+    """Prophet's answer_anchor: '200:The|201:answer' -> [(200, 'The'), (201, 'answer')]; ValueError
+    (one line) if malformed."""
+    parts = []
+    for part in text.split("|"):
+        pos, sep, word = part.partition(":")
+        if not sep or not pos.strip().isdigit() or not word.strip():
+            raise ValueError(f"answer_anchor: {part!r} is not offset:word (e.g. '{ANCHOR_EXAMPLE}')")
+        parts.append((int(pos), word.strip()))
+    return parts
 
 
 _TRUE = {"1", "true", "yes", "on"}

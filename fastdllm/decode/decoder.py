@@ -26,6 +26,7 @@ class Decoder:
     detokenize: Callable[[list[int]], str]
     context_length: int
     name: str = "this model"        # for messages
+    encode: Callable[[str], list[int]] | None = None   # text -> ids, no special tokens (Prophet's anchors)
 
     @property
     def device(self) -> torch.device:

@@ -7,8 +7,10 @@ Per step the span to recompute is the cache mode's choice (cache_modes.py).
 
 Logits are asked for only at the block's still-masked positions (on a GPU, where CUDA graphs
 need static shapes, at every position of the block; see graphs.py). The engine keeps a host copy of
-the canvas, so the candidates are known without asking the device; each step does exactly one
-device-to-host transfer (the step's tokens, confidences and decisions).
+the canvas, so the candidates and the end of a block are known without asking the device; each
+step does exactly one device-to-host transfer (the step's tokens, confidences and decisions). Where
+device_step.py applies (by default on CUDA graphs) the step's planning runs on the device too, and
+the whole step is one graph.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import UserError
+from ..models.kv_cache import Slots
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
 from .config import DecodeConfig
+from .credit import CreditTrace
 from .decoder import Decoder
+from .device_step import DeviceStep
+from .dilation import level_of
 from .editing import BlockRows, refuse_editing
 from .events import (
     BlockEvent,
@@ -34,6 +40,7 @@ from .events import (
     reset_peak_memory,
 )
 from .graphs import SpanForward
+from .prophet import Check, Prophet
 from .rules import RULES
 from .selection import (
     block_schedule,
@@ -42,7 +49,9 @@ from .selection import (
     predict,
     select,
     select_edits,
+    sub_block,
 )
+from .suffix_dropout import SuffixDropout
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
@@ -61,6 +70,13 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
     if getattr(decoder.model, "sampler", "mask") != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes)
+    if cfg.credit:
+        raise UserError(f"credit accumulates over a masked block's steps; {decoder.name} resamples whole canvases")
+    if CACHE_MODES[cfg.cache].delayed:
+        raise UserError(f"cache {cfg.cache} caches decoded tokens; {decoder.name} rewrites every position every step")
+    if cfg.prophet or cfg.dpad_window:
+        raise UserError(("prophet commits masked positions early" if cfg.prophet else "dpad drops masked suffix slots")
+                        + f"; {decoder.name} resamples whole canvases")
     if cfg.edit_threshold is not None:
         raise UserError(f"{decoder.name} resamples whole canvases; token editing belongs to mask decoding (LLaDA2.x)")
     if holes is not None:
@@ -84,6 +100,9 @@ class Batch:
         self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
         self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
         self.causal = model.attention.kind == "block-causal"
+        if CACHE_MODES[cfg.cache].delayed and self.causal:
+            raise UserError(f"cache {cfg.cache} delays caching of decoded tokens under bidirectional attention; "
+                            f"{decoder.name}'s finished blocks are already final (use prefix)")
         if cfg.edit_threshold is not None:
             refuse_editing(decoder, self.causal)
         if holes is not None:
@@ -93,14 +112,20 @@ class Batch:
         else:
             self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
                                context_length=decoder.context_length, gen_lens=self.gen_lens)
+        # prophet.py: Prophet's stop test; it writes the answer anchors into the canvas now
+        self.prophet = Prophet(cfg, decoder, self.canvas, self.causal, holes is not None) if cfg.prophet else None
         device = decoder.device
         reset_peak_memory(device)
         self.started = time.perf_counter()
         self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len if self.causal else None,
-                                     keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv)
+                                     keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv or bool(cfg.dpad_window))
+        # suffix_dropout.py: DPad's kept suffix, laid out in the cache at every block start (spans end at E)
+        self.dpad = cfg.dpad_window and SuffixDropout(cfg, self.canvas, self.cache, decoder.name, self.causal, bool(holes))
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
         self.nfe = self.committed = self.edits = self.blocks_done = 0    # edits: tokens overwritten (T2T)
         self.first_step: float | None = None
+        # credit.py: CreditDecoding's per-block credit, (B, L, V)
+        self.credit = CreditTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) if cfg.credit else None
 
     def generated(self) -> torch.Tensor:
         """(B, width): each row's generated region so far, from its first generated position."""
@@ -111,6 +136,7 @@ class Batch:
         host, B, T, causal = canvas.host, len(self.prompts), canvas.length, self.causal
         device = self.decoder.device
         banned = (specials.mask,)                                     # never predicted (host ints)
+        delayed, upcoming, shift = CACHE_MODES[cfg.cache].delayed, None, self.decoder.model.logit_shift   # dkv
         stops = torch.tensor(specials.stops)
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         starts = torch.tensor(canvas.starts)[:, None]
@@ -124,23 +150,39 @@ class Batch:
             self.nfe, self.committed = self.nfe + 1, self.committed + int(chosen.sum())
             return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
 
-        stopped = False
+        stopped, fast = False, self.forward.device_step and DeviceStep.applies(cfg, causal) \
+            and not (cfg.credit or cfg.prophet)                         # credit.py, prophet.py: host path only
         if canvas.prefill:                                              # the blocks before the first decoded one
             yield store(0, canvas.prefill, 0)
         for block, (s, e) in enumerate(canvas.blocks):
             if causal and cfg.early_stop and bool(ended().all()):
                 break                                                   # a store pass committed the stop
+            end = self.dpad.block(s, e) if self.dpad else T            # DPad: spans end at its E
             counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
             schedule = block_schedule(counted, cfg)
+            on_device = DeviceStep(self.forward, cfg, s, e, specials.mask, banned, generator) if fast else None
             rows, step = BlockRows(B, cfg), 0                           # editing.py: who takes the next step
+            if self.credit is not None:
+                self.credit.reset()                                     # credit never outlives its block
             while rows.begin(block_masked := host[:, s:e] == specials.mask):
-                candidates, sub = sub_block(block_masked & rows.live[:, None], cfg.sub_block_len, s, host, specials.mask)
-                span = span_for(cfg, step, s, e, T, causal=causal, sub=sub)
-                scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
-                editable = rows.editable(host, s, e, canvas.starts, canvas.ends, specials.mask)
-                with torch.inference_mode():
-                    positions, tokens, conf, chosen, edited = _decode_step(
-                        self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable)
+                # dkv: the set the next step recomputes, from the canvas before this step commits
+                pending, upcoming = upcoming, delayed and Slots.delayed(host == specials.mask, shift, device)
+                if on_device is not None:                               # device_step.py: decided on the device
+                    span = span_for(cfg, step, s, e, end, pending=pending)
+                    with torch.inference_mode():
+                        positions, tokens, conf, chosen = on_device(span)
+                    edited = torch.zeros_like(chosen)
+                else:                                                   # planned here, decided there
+                    candidates, sub = sub_block(block_masked & rows.live[:, None], cfg.sub_block_len, s, host,
+                                                specials.mask)
+                    span = span_for(cfg, step, s, e, end, causal=causal, sub=sub, pending=pending)
+                    scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
+                    editable = rows.editable(host, s, e, canvas.starts, canvas.ends, specials.mask)
+                    check = self.prophet and self.prophet.check(host, span, block, step, self.nfe + 1)
+                    with torch.inference_mode():
+                        positions, tokens, conf, chosen, edited = _decode_step(
+                            self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
+                            self.credit, check)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
                 host.scatter_(1, positions, torch.where(wrote, tokens, host.gather(1, positions)))
                 rows.end(wrote, edited)
@@ -196,25 +238,38 @@ def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
     raise RuntimeError("generate ended without a result")
 
 
-def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None):
+def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
+                 credit: CreditTrace | None = None, check: Check | None = None):
     """One forward and one decision. block_masked (B, L): the active block's candidate positions;
     editable (B, L) or None: positions whose written token may be edited (then every position of
-    the block is read). Returns positions, tokens, confidences, committed and edited (B, K)."""
+    the block is read); credit: CreditDecoding's state (credit.py), whose fused logits the decision
+    reads; check: Prophet's stop test of this step (prophet.py), which reads more slots (X) and may
+    commit them all. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
     canvas = forward.canvas
     device = canvas.device
     whole = forward.full_block or editable is not None
-    K = block_masked.shape[1] if whole else int(block_masked.sum(1).max())
-    # Candidate slots: each row's masked positions first, then committed ones as filler, so the
-    # K indices of a row are distinct and the scatter below is deterministic.
-    order = torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :K]     # (B, K)
+    B, L = block_masked.shape
+    # Candidate slots: the whole block in position order (as device_step.py, so that sampling draws
+    # alike), or each row's masked positions first then committed ones as filler: distinct indices.
+    order = torch.arange(L).expand(B, L) if whole else \
+        torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :int(block_masked.sum(1).max())]
     candidate = block_masked.gather(1, order)
-    positions = order + s
+    positions = order + s if check is None else check.widen(order + s)   # prophet.py: + answer, other masks
     pos_dev = positions.to(device, non_blocking=True)
-    logits = forward(span, pos_dev).to(device)                                      # (B, K, V)
+    logits = forward(span, pos_dev).to(device)                                      # (B, K [+ X], V)
+    if check is not None:
+        logits = check.test(logits)                     # the gap test; the block's (B, K, V) decide as usual
+    if credit is not None:                      # credit.py: logits + alpha log(1 + credit), after any graph
+        logits = credit(pos_dev - s, candidate.to(device), logits)
     tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
                            banned=banned, generator=generator)
-    bound = entropy_of(logits, cfg.temperature) if RULES[cfg.rule].bound == "entropy" else None   # RND1's eb_gamma
+    kind = RULES[cfg.rule].bound
+    bound = (entropy_of(logits, cfg.temperature) if kind == "entropy" else                       # RND1's eb_gamma
+             torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device) if kind == "level"
+             else None)                                                                           # DUS's levels
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)
+    if check is not None:                               # an exiting row commits every mask it has
+        tokens, conf, chosen = check.fill(tokens, conf, chosen, candidate.to(device), cfg, banned, generator)
     current = canvas.gather(1, pos_dev)
     edited = (torch.zeros_like(chosen) if editable is None else
               select_edits(tokens, conf, current, editable.gather(1, order).to(device), cfg.edit_threshold))
@@ -239,18 +294,3 @@ def _complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: 
     forward.canvas.scatter_(1, at.to(device), host.gather(1, at).to(device))
     return at, tokens, chosen
 
-
-def sub_block(block_masked: torch.Tensor, sub_len: int | None, s: int, host: torch.Tensor, mask: int):
-    """Candidates restricted to each row's first sub-block that still has masks (Fast-dLLM v2), and
-    the span of that sub-block when every row is in the same one and its first token is committed
-    (then its forward can reuse the rest of the block, the DualCache of sub-blocks); else None."""
-    B, L = block_masked.shape
-    if sub_len is None or sub_len >= L:
-        return block_masked, None
-    grouped = block_masked.view(B, L // sub_len, sub_len)
-    current = grouped.any(-1).float().argmax(-1)                                   # (B,) first with a mask
-    keep = torch.arange(L // sub_len)[None, :] == current[:, None]
-    candidates = (grouped & keep[..., None]).view(B, L)
-    a = s + int(current[0]) * sub_len
-    same = bool((current == current[0]).all()) and bool((host[:, a] != mask).all())
-    return candidates, (a, a + sub_len) if same else None

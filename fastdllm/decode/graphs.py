@@ -6,11 +6,14 @@ forward can be captured once and replayed: one launch instead of several hundred
 it a DualCache step of an 8B model on an H200 is bound by Python and kernel launches, not by the GPU
 (15.7 ms per step against a 3.1 ms weight-read bound; see scripts/speed.py).
 
-A graph needs static shapes, so graph steps ask for logits at every position of the active block
-(the engine fills the candidate list with committed positions, which are never selected). The
-first forward of a span runs eagerly; when the next step repeats it, that step runs eagerly on a
-side stream (lazy initialisation outside capture) and is captured; later repeats replay. One graph
-lives at a time (a new span frees the old one and its memory pool); it dies with the generation.
+A graph needs static shapes, so graph steps ask for logits at every position of the active block.
+Where the step's decision runs on the device too (device_step.py: greedy mask-predict decoding of
+a bidirectional family) the graph holds the whole step, forward + predict + select + commit;
+otherwise it holds the forward, and the engine fills the candidate list with committed positions,
+which are never selected. The first run of a key (the span, and for a whole step its block) is
+eager; when the next step repeats it, that step runs eagerly on a side stream (lazy initialisation
+outside capture) and is captured, the capture itself executing nothing; later repeats replay. One
+graph lives at a time (a new key frees the old one and its memory pool); it dies with the generation.
 
 Graphs are used on a single CUDA device with unquantized weights (bitsandbytes and accelerate's
 offload hooks synchronise with the host). FASTDLLM_CUDA_GRAPHS=0 switches them off.
@@ -28,12 +31,13 @@ from ..models.kv_cache import CanvasCache
 
 class SpanForward:
     def __init__(self, model, canvas: torch.Tensor, cache: CanvasCache, *, graphs: bool, full_block: bool,
-                 widen: bool = True):
+                 widen: bool = True, device_step: bool | None = None):
         self.model, self.canvas, self.cache, self.widen = model, canvas, cache, widen
         self.graphs = graphs
         self.full_block = full_block or graphs   # static candidate count: every position of the block
-        self.previous = None                     # (span, positions shape) of the last forward
-        self.graph = self.graph_key = self.positions = self.logits = None
+        self.device_step = graphs if device_step is None else device_step   # the engine may use DeviceStep
+        self.previous = None                     # the key of the last run
+        self.graph = self.graph_key = self.inputs = self.outputs = None
         self.captures = self.replays = 0
 
     @classmethod
@@ -42,44 +46,49 @@ class SpanForward:
 
     def __call__(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, K, V) at canvas `positions` (B, K) after recomputing `span`."""
-        if not self.graphs:
-            return self._eager(span, positions)
-        key = (span, tuple(positions.shape))
-        if key == self.graph_key:
-            self.positions.copy_(positions)
-            self.graph.replay()
-            self.replays += 1
-            return self.logits
-        repeated, self.previous = key == self.previous, key
-        if not repeated:
-            return self._eager(span, positions)
-        return self._capture(key, positions)
+        return self.graphed((span, tuple(positions.shape)), lambda p: self.eager(span, p), positions)
 
-    def _eager(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
+    def eager(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
         return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions, self.widen)
 
-    def _capture(self, key, positions: torch.Tensor) -> torch.Tensor:
-        self.graph = self.graph_key = self.logits = None       # free the previous graph and its pool
-        self.positions = positions.clone()
-        span = key[0]
-        device = positions.device
+    def graphed(self, key, fn, *inputs: torch.Tensor) -> torch.Tensor:
+        """fn(*inputs) -> one tensor, replayed from a graph where `key` repeats. fn reads only
+        `inputs` (copied into the graph's own before a replay) and tensors at fixed addresses (the
+        canvas, the cache, the caller's buffers); it must not read anything on the host."""
+        if not self.graphs:
+            return fn(*inputs)
+        if key == self.graph_key:
+            for static, given in zip(self.inputs, inputs):
+                static.copy_(given)
+            self.graph.replay()
+            self.replays += 1
+            return self.outputs
+        repeated, self.previous = key == self.previous, key
+        if not repeated:
+            return fn(*inputs)
+        return self._capture(key, fn, inputs)
+
+    def _capture(self, key, fn, inputs) -> torch.Tensor:
+        self.graph = self.graph_key = self.outputs = None      # free the previous graph and its pool
+        self.inputs = [t.clone() for t in inputs]
+        device = self.canvas.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            logits = self._eager(span, self.positions)      # this step's result; it also writes the span's K/V
+            out = fn(*self.inputs)          # this step's result (it writes the span's K/V, a step its commit)
         torch.cuda.current_stream(device).wait_stream(side)
-        logits.record_stream(torch.cuda.current_stream(device))   # used there from now on
+        out.record_stream(torch.cuda.current_stream(device))   # used there from now on
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):   # its own memory pool, released with the graph
-                self.logits = self._eager(span, self.positions)
+            with torch.cuda.graph(graph):   # its own memory pool, released with the graph; records, runs nothing
+                self.outputs = fn(*self.inputs)
         except RuntimeError as e:   # an op that cannot be captured: stay eager for this run
             warnings.warn(f"CUDA graph capture failed, continuing without graphs: {str(e).splitlines()[0]}")
-            self.graphs, self.logits = False, None
-            return logits
+            self.graphs, self.outputs = False, None
+            return out
         self.graph, self.graph_key = graph, key
         self.captures += 1
-        return logits
+        return out
 
 
 def graphs_possible(model) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import UserError
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -28,7 +30,8 @@ class Rule:
     measure: str | None = None            # the confidence measure it needs, if one
     renoise: bool = False                 # a renoising sampler's acceptance (DiffusionGemma), not a commit rule
     whole_canvas: bool = False            # defined over one global canvas: block_len is gen_len (RND1)
-    bound: str | None = None              # a second number per candidate its count reads ("entropy")
+    bound: str | None = None              # a second number per candidate its count reads ("entropy";
+                                          # "level": DUS's planned order, which also ranks the candidates)
     fills_last_step: bool = False         # commits whatever is left at step S (selection.block_schedule)
 
 
@@ -91,6 +94,15 @@ def _eb_gamma(sorted_conf, cfg, scheduled, sorted_entropy):
     return n.maximum(scheduled)
 
 
+def _dilated(sorted_conf, cfg, scheduled, sorted_level):
+    # DUS (decode/dilation.py): candidates ranked by their level in the block's dilated order, then
+    # position; commit every candidate of the lowest level left (one level a step, as the authors';
+    # a level with no mask left in a row is skipped, never a step that commits nothing)
+    if sorted_level is None:
+        raise UserError("rule dilated: select was given no candidate levels (the engine passes them as the bound)")
+    return ((sorted_level == sorted_level[:, :1]) & (sorted_conf > float("-inf"))).sum(-1)
+
+
 def _steps_text(steps: int, gen_len: int) -> str:
     return "1/step" if steps == gen_len else f"{steps} steps"
 
@@ -143,14 +155,29 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "RND1's eb_gamma: the most probable masks whose entropies, less their largest, add up to at "
          "most entropy_bound; whatever is left at step S (steps) takes its prediction (docs/rnd1.md 5)",
          measure="logprob", whole_canvas=True, bound="entropy", fills_last_step=True, scheduled=True),
+    Rule("dilated", "dilation_base", _dilated, lambda cfg: cfg.dilation_base,
+         lambda v, n: f"dilated base {v}", lambda v, n: f"DUS{v}",
+         "DUS: one step per level of the block's coarse-to-fine dilated order (strides block_len / "
+         "dilation_base**dilation_skip down to 1), a whole level at once; steps unused (docs/accelerators.md 6.3)",
+         bound="level"),
 ]}
 
 
 def describe(cfg) -> str:
-    """The rule of `cfg` with its parameter, for headers: 'threshold 0.9'."""
+    """The rule of `cfg` with its parameter and the accelerators on it, for headers: 'threshold 0.9',
+    'dinfer threshold 0.8 + credit'."""
     rule = RULES[cfg.rule]
     edits = getattr(cfg, "edit_threshold", None)
-    return rule.label(rule.value(cfg), cfg.gen_len) + (f", editing > {edits:g}" if edits is not None else "")
+    return (rule.label(rule.value(cfg), cfg.gen_len) + (f", editing > {edits:g}" if edits is not None else "")
+            + "".join(f" + {name}" for name in accelerators(cfg)))
+
+
+def accelerators(cfg) -> list[str]:
+    """The accelerator options `cfg` turns on (docs/accelerators.md; DUS is a rule and dKV-Cache a
+    cache mode, so the header names them already)."""
+    window = getattr(cfg, "dpad_window", None)
+    return [name for name, on in (("credit", getattr(cfg, "credit", False)), ("prophet", getattr(cfg, "prophet", False)),
+                                  (f"dpad {window}", window)) if on]
 
 
 def rule_fields(cfg) -> dict:

@@ -146,7 +146,9 @@ def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
            scheduled: torch.Tensor | None = None, bound: torch.Tensor | None = None) -> torch.Tensor:
     """confidence, candidate (B, K) -> (B, K) bool: the n most confident candidates of each row.
     bound (B, K): the rule's second number per candidate, where it has one (Rule.bound)."""
-    if RULES[cfg.rule].by_position:        # candidates come in position order: rank by index
+    if RULES[cfg.rule].bound == "level" and bound is not None:   # DUS: a planned order, by level then position
+        confidence = -bound.to(confidence.dtype)                   # (columns are in position order; stable sort)
+    elif RULES[cfg.rule].by_position:      # candidates come in position order: rank by index
         confidence = -torch.arange(confidence.shape[-1], device=confidence.device, dtype=confidence.dtype).expand_as(confidence)
     conf = confidence.masked_fill(~candidate, float("-inf"))
     sorted_conf, order = conf.sort(dim=-1, descending=True, stable=True)
@@ -162,3 +164,19 @@ def select_edits(tokens: torch.Tensor, probability: torch.Tensor, current: torch
     token written there and whose probability exceeds `threshold` (strictly, as the references).
     All arguments (B, K): predicted tokens, their probabilities, the canvas tokens, editable."""
     return editable & (probability > threshold) & (tokens != current)
+
+
+def sub_block(block_masked: torch.Tensor, sub_len: int | None, s: int, host: torch.Tensor, mask: int):
+    """Candidates restricted to each row's first sub-block that still has masks (Fast-dLLM v2), and
+    the span of that sub-block when every row is in the same one and its first token is committed
+    (then its forward can reuse the rest of the block, the DualCache of sub-blocks); else None."""
+    B, L = block_masked.shape
+    if sub_len is None or sub_len >= L:
+        return block_masked, None
+    grouped = block_masked.view(B, L // sub_len, sub_len)
+    current = grouped.any(-1).float().argmax(-1)                                   # (B,) first with a mask
+    keep = torch.arange(L // sub_len)[None, :] == current[:, None]
+    candidates = (grouped & keep[..., None]).view(B, L)
+    a = s + int(current[0]) * sub_len
+    same = bool((current == current[0]).all()) and bool((host[:, a] != mask).all())
+    return candidates, (a, a + sub_len) if same else None

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from .attention import BIDIRECTIONAL, Attention
-from .kv_cache import CanvasCache
+from .kv_cache import CanvasCache, Slots
 from .layers import RMSNorm, keep_4bit_portable, linear, pack_linear, rotary_tables
 from .moe import Router
 
@@ -57,25 +57,37 @@ class DiffusionLM(PreTrainedModel):
         cache = self.new_cache(valid, keep_kv=False)
         return MaskedLMOutput(logits=self.head(self.hidden_states(input_ids, 0, cache)))
 
-    def forward_span(self, canvas: torch.Tensor, start: int, end: int, cache: CanvasCache,
+    def forward_span(self, canvas: torch.Tensor, start: int | Slots, end: int, cache: CanvasCache,
                      logit_positions: torch.Tensor, widen: bool = True) -> torch.Tensor:
         """Recompute canvas span [start, end) against the cache; return logits (B, K, V) for the
         canvas positions `logit_positions` (B, K), which lie in [start, end) (a shifted family:
         up to `end`, predicted from the span's last slot). `widen`: a shifted family recomputes the
         slot before the span too, for a logit at `start`; block-causal decoding never asks for one
-        (a block's first token is committed before its steps) and keeps that slot's final K/V."""
+        (a block's first token is committed before its steps) and keeps that slot's final K/V.
+        `start` may be a position set (Slots, cache mode dkv; `end` is then the canvas length): the
+        logit slot (p - logit_shift) of every wanted position is among its fresh slots."""
+        if isinstance(start, Slots):
+            B, S = start.index.shape
+            row_of = torch.zeros_like(canvas).scatter_(1, start.index, torch.arange(S, device=canvas.device).expand(B, S))
+            rows = row_of.gather(1, (logit_positions - self.logit_shift).clamp_min(0))    # (B, K) set-relative
+            return self.head(self.hidden_states(canvas.gather(1, start.index), start, cache, rows))
         first = max(start - self.logit_shift, 0) if widen else start
         rows = (logit_positions - self.logit_shift - first).clamp_min(0)   # (B, K) span-relative
         return self.head(self.hidden_states(canvas[:, first:end], first, cache, rows))   # (B, K, V)
 
-    def hidden_states(self, ids: torch.Tensor, start: int, cache: CanvasCache,
+    def hidden_states(self, ids: torch.Tensor, start: int | Slots, cache: CanvasCache,
                       rows: torch.Tensor | None = None) -> torch.Tensor:
-        """ids (B, S) at canvas offset `start` -> final hidden states (B, S, d), or (B, K, d) at
-        `rows`: the last layer computes outputs only there (its keys/values still cover the span)."""
+        """ids (B, S) at canvas offset `start` (or at the slots of a position set) -> final hidden
+        states (B, S, d), or (B, K, d) at `rows`: the last layer computes outputs only there (its
+        keys/values still cover the span)."""
         x = self.embed(ids)                                              # (B, S, d)
-        positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
+        if isinstance(start, Slots):                                     # bidirectional: padding is the only mask
+            positions = cache.positions.to(x.device).gather(1, start.index.to(x.device))
+            key_mask = cache.mask_for(x.device, 0, cache.length)
+        else:
+            positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
+            key_mask = cache.mask_for(x.device, start, start + ids.shape[1])
         cos, sin = rotary_tables(positions, self.rotary_dim or self.head_dim, self.rope_theta, x.dtype)
-        key_mask = cache.mask_for(x.device, start, start + ids.shape[1])
         last = len(self.blocks) - 1
         for layer, block in enumerate(self.blocks):
             x = block(x, cos, sin, key_mask, cache, layer, start, rows if layer == last else None)

@@ -2,7 +2,8 @@
 
 A forward over a span [a, b) writes its fresh keys/values into [a, b) and attends to the whole
 buffer. Cache modes are then only a choice of span (see engine.py); nothing is ever copied or
-concatenated, and shapes stay static for the whole generation.
+concatenated, and shapes stay static for the whole generation. Cache mode dkv recomputes a position
+set instead of a span (`Slots`): its fresh keys/values are scattered at those slots.
 """
 
 from __future__ import annotations
@@ -10,6 +11,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(eq=False)   # compared by identity: a span holding Slots never repeats (graphs.py's keys)
+class Slots:
+    """A position set a forward recomputes (cache mode dkv, decode/cache_modes.py), in place of a
+    span's start: `index` (B, S) canvas slots, each row's own slots first, then filler (distinct
+    slots of the row, `fresh` False) up to the longest row's count. A filler slot is computed, but its
+    cached keys/values are kept: recomputing it changes nothing. Bidirectional attention only."""
+    index: torch.Tensor    # (B, S) long
+    fresh: torch.Tensor    # (B, S) bool
+
+    @classmethod
+    def of(cls, wanted: torch.Tensor, device: torch.device | None = None) -> "Slots":
+        """wanted (B, T) bool (host) -> each row's wanted slots in canvas order, then filler; on `device`."""
+        index = torch.argsort((~wanted).to(torch.int8), dim=1, stable=True)[:, :max(int(wanted.sum(1).max()), 1)]
+        return cls(index.to(device), wanted.gather(1, index).to(device))
+
+    @classmethod
+    def delayed(cls, masked: torch.Tensor, shift: int, device: torch.device | None = None) -> "Slots":
+        """dkv's set for the step after this one, from the canvas's mask (B, T) (host) at the start
+        of this step: every slot whose logit position (slot + shift) is masked (a shifted family's
+        last slot predicts nothing and stays cached)."""
+        wanted = masked.roll(-shift, 1)
+        wanted[:, masked.shape[1] - shift:] = False
+        return cls.of(wanted, device)
 
 
 @dataclass
@@ -44,12 +70,19 @@ class CanvasCache:
     def length(self) -> int:
         return self.positions.shape[1]
 
-    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the span's fresh k/v (B, H_kv, S, D) at [start, start+S); return what to attend to."""
+    def store(self, layer: int, start: int | Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the span's fresh k/v (B, H_kv, S, D) at [start, start+S), or at the slots of a
+        position set (filler slots keep their cached values); return what to attend to."""
         if self.keys is None:
             if k.shape[2] != self.length:
                 raise RuntimeError("a span forward needs a KV cache (cache mode 'none' covers the whole canvas)")
             return k, v
+        if isinstance(start, Slots):
+            at = start.index.to(k.device)[:, None, :, None].expand_as(k)     # (B, H_kv, S, D)
+            fresh = start.fresh.to(k.device)[:, None, :, None]
+            for buffer, new in ((self.keys[layer], k), (self.values[layer], v)):
+                buffer.scatter_(2, at, torch.where(fresh, new, buffer.gather(2, at)))   # distinct slots per row
+            return self.keys[layer], self.values[layer]
         end = start + k.shape[2]
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v

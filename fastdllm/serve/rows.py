@@ -19,23 +19,36 @@ def sampled(cfg: DecodeConfig) -> bool:
     return cfg.temperature > 0 or cfg.confidence == "random"
 
 
+def whole_answer(cfg: DecodeConfig) -> bool:
+    """Settings whose decisions read the whole answer, not one block: Prophet (its anchors sit at
+    answer offsets, its phases count the answer's steps) and DPad (each block's kept suffix is the
+    next draw of one seeded stream). Such a job is planned once, with its own config."""
+    return cfg.prophet or cfg.dpad_window is not None
+
+
 def alone(job: Job) -> bool:
-    """Decoded in a batch of its own: a sampled job (its seed reproduces its answer) and an
-    infilling one (its canvas is its own: prompt, hole, suffix)."""
-    return sampled(job.cfg) or job.suffix is not None
+    """Decoded in a batch of its own: a sampled job (its seed reproduces its answer), an infilling
+    one (its canvas is its own: prompt, hole, suffix) and a whole-answer one."""
+    return sampled(job.cfg) or job.suffix is not None or whole_answer(job.cfg)
 
 
 def batch_key(job: Job) -> tuple:
-    """Jobs with equal keys share a batch: the same settings per block (their lengths may differ)."""
+    """Jobs with equal keys share a batch: the same settings per block (their lengths may differ);
+    a whole-answer job's key is its own config."""
     cfg = job.cfg
+    if whole_answer(cfg):
+        return cfg, job.id
     per_block = replace(cfg, gen_len=cfg.block_len, steps=None if cfg.steps is None else cfg.steps_per_block,
                         seed=cfg.seed if sampled(cfg) else 0)
     return per_block, job.id if alone(job) else None
 
 
 def config_for(key: tuple, gen_len: int) -> DecodeConfig:
-    """The batch's config: the key's settings over gen_len (rounded up to whole blocks)."""
+    """The batch's config: the key's settings over gen_len (rounded up to whole blocks); a
+    whole-answer job's own config (it is never re-planned: it is alone and runs to its end)."""
     per_block = key[0]
+    if whole_answer(per_block):
+        return per_block
     gen_len = block_end(gen_len, per_block.block_len)
     blocks = gen_len // per_block.block_len
     return replace(per_block, gen_len=gen_len, steps=None if per_block.steps is None else per_block.steps * blocks)

@@ -15,7 +15,8 @@ canvas anyway, and under block-causal attention the finished blocks are recomput
 with the same, final, keys and values. A greedy row's tokens are therefore the ones it gets alone
 (tests/test_scheduler.py checks this in float64). Sampled jobs (temperature > 0, or random
 confidence) are decoded alone, so that a seed reproduces `fastdllm generate --seed`; so are
-infilling jobs (OpenAI's `suffix`: a canvas of prompt, hole and suffix), which never re-plan.
+infilling jobs (OpenAI's `suffix`: a canvas of prompt, hole and suffix) and those whose settings
+read the whole answer (Prophet, DPad: rows.whole_answer), which never re-plan.
 """
 
 from __future__ import annotations
