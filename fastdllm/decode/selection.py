@@ -8,6 +8,7 @@ then always the most confident ones, so every rule shares one selection mechanis
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import torch
@@ -53,7 +54,7 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
         top2 = (logits.topk(2, dim=-1).values.to(work) - log_z).exp()
         confidence = top2[..., 0] - top2[..., 1]
     elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
-        p = torch.sub(logits, log_z, out=shifted).exp_()                                 # reuses the buffer
+        p = torch.sub(logits, log_z, out=shifted).clamp_min_(exp_floor(work)).exp_()     # reuses the buffer
         confidence = (p + 1e-10).log_().mul_(p).sum(-1)
     elif measure == "entropy":   # RND1's: sum p log p of softmax(logits / T) (T = 1 when greedy), no epsilon
         confidence = -entropy_of(logits, temperature)
@@ -106,12 +107,22 @@ def max_without(logits: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, tor
 def logsumexp_from(logits: torch.Tensor, peak: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(log_z (B, K, 1), the (B, K, V) `work` buffer it used): torch.logsumexp(logits.to(work), -1,
     keepdim=True) bit for bit, given each row's max `peak` (B, K), without the upcast copy: the
-    upcast, the shift and the exponent write one buffer (an infinite max shifts by 0, as torch's)."""
+    upcast, the shift and the exponent write one buffer (an infinite max shifts by 0, as torch's);
+    shifted terms below `exp_floor` are raised to it, which leaves those bits alone and saves x86's slow
+    underflow path (tests/test_step_cost.py)."""
     peak = peak.to(work)[..., None]
     shift = peak.masked_fill(peak.abs() == float("inf"), 0)
-    buffer = torch.sub(logits, shift)                    # promotes: a bf16 row is read once, as fp32
+    buffer = torch.sub(logits, shift).clamp_min_(exp_floor(work))   # promotes: a bf16 row is read once, as fp32
     log_z = buffer.exp_().sum(-1, keepdim=True).log_().add_(shift)
-    return log_z, buffer
+    return log_z.masked_fill_(peak == float("-inf"), float("-inf")), buffer
+
+
+def exp_floor(dtype: torch.dtype) -> float:
+    """The least exponent whose exp is a normal number of `dtype` (fp32: -86.3). On x86 torch's exp
+    takes a slow path for results that underflow, -inf included: 30-50x slower per element (a
+    vocabulary row of a peaked model is mostly such terms). Terms raised to this floor add at most
+    V e^floor (fp32: 126464 x 3e-38) to a sum that holds exp(0) = 1: nothing at that precision."""
+    return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
 def fixed_schedule(masked: torch.Tensor, steps: int) -> torch.Tensor:

@@ -146,28 +146,8 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
         if key_mask is not None and key_mask.shape[2] > 1:             # a mask per query: keep the rows'
             key_mask = key_mask.gather(2, rows[:, None, :, None].expand(-1, 1, -1, key_mask.shape[-1]))
         S = rows.shape[1]
-    if S <= SHORT_SPAN and q.device.type == "cpu":
-        out = _short_span_attention(q, keys, values, key_mask)
-    else:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask,
-                                             enable_gqa=n_kv_heads != n_heads)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask, enable_gqa=n_kv_heads != n_heads)
     return linear(out.transpose(1, 2).reshape(B, S, n_heads * head_dim), o_proj)
-
-
-# PyTorch's CPU flash-attention kernel has a high fixed cost for a few queries against a long
-# canvas (the cached steps: 32 queries, 400+ keys); two matmuls are 1.5-2x faster there.
-SHORT_SPAN = 64
-
-
-def _short_span_attention(q, keys, values, key_mask):
-    """q (B, H, S, D) against keys/values (B, H_kv, T, D); softmax at fp32 or better."""
-    group = q.shape[1] // keys.shape[1]
-    if group > 1:
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = (q @ keys.transpose(-1, -2)).to(at_least_fp32(q.dtype)) * q.shape[-1] ** -0.5   # (B, H, S, T)
-    if key_mask is not None:
-        scores = scores.masked_fill(~key_mask, float("-inf"))
-    return scores.softmax(-1).to(q.dtype) @ values
 
 
 def take_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
