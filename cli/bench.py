@@ -23,7 +23,6 @@ from .terminal import err_console, is_terminal, out_console
 from .user_errors import user_errors
 
 DEFAULT_N_PROMPTS = 4     # built-in sets; a --prompts file runs whole
-DEFAULT_REPETITIONS = 3   # interleaved; the median of 3 outvotes one repetition a busy machine slowed
 
 
 def _comma_list(text: str | None, name: str) -> tuple | None:
@@ -71,7 +70,7 @@ def bench(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field (and a \"suffix\" on every line: infilling), or one prompt per line.")] = None,
     n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
-    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable).")] = DEFAULT_REPETITIONS,
+    repetitions: Annotated[str, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable). auto: 2 of every row, then up to 5 for a row whose speed-up is still unreliable (and its baseline).")] = "auto",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of the first batch per cache mode and shape.")] = 1,
     output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,
@@ -91,6 +90,7 @@ def bench(
     parallel.quiet_followers()
     from fastdllm.bench import cases as bench_cases
     from fastdllm.bench import prompts, runner
+    from fastdllm.bench import rounds as bench_rounds
     from fastdllm.bench import suite as bench_suite
     from fastdllm.bench.format import format_for, require_matplotlib
     from fastdllm.bench.format import render as bench_render
@@ -101,6 +101,7 @@ def bench(
 
     # everything a user can get wrong is checked before the model is loaded
     fmt = format_for(output_format, output)
+    repetitions = bench_rounds.parse(repetitions)
     runner.check_counts(repetitions, warmup)
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
     if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
@@ -178,7 +179,7 @@ def bench(
                 if output is not None:
                     save(runner.compare(measured), fmt, output, render)
     except (KeyboardInterrupt, Exception) as e:          # Ctrl+C, out of memory, ...: keep the finished rows
-        # (repetitions interleave: rows finish one by one in the last round)
+        # (repetitions interleave: a row is finished once it runs no more rounds)
         stopped = e
         if measured:
             what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
@@ -250,8 +251,9 @@ class RunProgress:
         self.done += 1
         c = case.cfg
         label = f"{case.name} {rule_text(rule_fields(c))} · gen {c.gen_len} · block {c.block_len} · batch {case.batch_size}"
+        self.total = max(self.total, self.done)          # an auto round beyond the planned ones
         if self.bar:
-            self.bar.update(self.task, advance=1, description=f"{label} · {what}")
+            self.bar.update(self.task, advance=1, total=self.total, description=f"{label} · {what}")
         elif label != self.last:
             err_console.print(f"[{self.done}/{self.total}] {label}", style="dim")
             self.last = label

@@ -126,7 +126,9 @@ def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monk
     path = write_sdar(tmp_path / "tiny-sdar")
     lm = loading.load(path, dtype="fp32")
     cases = expand(pick_rows(["baseline"]), Sweep(gen_len=(16,), block_len=(4,)), path, environ=NO_ENV)
-    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("a row ran"))
+    from fastdllm.bench import clock
+
+    monkeypatch.setattr(clock, "run", lambda *a, **k: pytest.fail("a row ran"))
     with pytest.raises(UserError, match="tiny-sdar cannot fill holes"):
         list(bench.measure(lm, cases, prompts.builtin("infill").take(2)))
 

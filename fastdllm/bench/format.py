@@ -105,12 +105,14 @@ def caption(records: list[dict]) -> str:
     for key, name in (("gen_len", "gen_len"), ("block_len", "block_len"), ("batch_size", "batch")):
         if len({x[key] for x in records}) == 1:
             parts.append(f"{name} {r[key]}")
-    n = r["repetitions"]
-    parts.append(f"{n} timed repetition{'s' * (n > 1)}" + (" interleaved, tok/s their median, spread "
-                 "(fastest - slowest) / median" if n > 1 else "") + f", {r['warmup']} warm-up")
+    low, high = min(x["repetitions"] for x in records), max(x["repetitions"] for x in records)
+    counts = f"{low}" if low == high else f"{low}-{high}"
+    parts.append(f"{counts} timed repetition{'s' * (high > 1)}" + (" (auto)" if r.get("repetitions_asked") == "auto" else "")
+                 + (" interleaved, tok/s their median, spread (fastest - slowest) / median" if high > 1 else "")
+                 + f", {r['warmup']} warm-up")
     if any(x.get("speedup_reliable") is False for x in records):
         parts.append(f"~: speed-up unreliable (a spread above {SPREAD_LIMIT:.0%}, or the row's and its "
-                     "baseline's ranges overlap)")
+                     "baseline's ranges overlap; of 3 or more repetitions, the one farthest from the median left out)")
     if any(x.get("agreement_unquantized_tokens") is not None for x in records):
         parts.append("same tok unquant.: tokens equal to the same row on unquantized weights")
     if r.get("processes", 1) > 1:

@@ -30,14 +30,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..decode.config import DecodeConfig
-from ..decode.engine import Result, run
-from ..decode.infill import Filling
+from ..decode.engine import Result
 from ..decode.rules import rule_fields
 from ..errors import UsageError
-from .cases import BASELINE, SPREAD_LIMIT, Case
+from . import rounds
+from .cases import BASELINE, Case
+from .clock import run_batch as _run
+from .clock import timed_run as _timed_run
 from .inputs import prepare
 from .prompts import PromptSet
+from .rounds import speedup_fields, spread_fields
 
 
 @dataclass
@@ -57,17 +59,18 @@ class Share:
     shared: dict
 
 
-def count_runs(cases: list[Case], n_prompts: int, repetitions: int, warmup: int, share: tuple[int, int] = (0, 1)) -> int:
-    """How many engine runs `measure` makes (for a progress bar): warm-ups, then timed batches
-    (of rank `share[0]` among `share[1]` processes)."""
+def count_runs(cases: list[Case], n_prompts: int, repetitions: int | str, warmup: int,
+               share: tuple[int, int] = (0, 1)) -> int:
+    """How many engine runs `measure` makes for sure (for a progress bar; `auto` may add rounds):
+    warm-ups, then timed batches (of rank `share[0]` among `share[1]` processes)."""
     rank, size = share
     mine = [len(range(rank, -(-n_prompts // c.batch_size), size)) for c in cases]
     warm = len({_warm_key(c) for c, n in zip(cases, mine) if n}) * warmup
-    return warm + sum(mine) * repetitions
+    return warm + sum(mine) * rounds.planned(repetitions, size)
 
 
 def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
-            repetitions: int = 1, warmup: int = 1,
+            repetitions: int | str = 1, warmup: int = 1,
             on_run: Callable[[Case, str], None] | None = None) -> Iterator[Measured]:
     """Run every case on every prompt; yield one Measured per case as it finishes (so that an
     interrupted bench keeps its finished rows). Comparisons are added by `compare`."""
@@ -76,11 +79,11 @@ def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None =
 
 
 def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
-                  repetitions: int = 1, warmup: int = 1, on_run: Callable[[Case, str], None] | None = None,
+                  repetitions: int | str = 1, warmup: int = 1, on_run: Callable[[Case, str], None] | None = None,
                   share: tuple[int, int] = (0, 1)) -> Iterator[Share]:
     """`measure` for rank `share[0]` of `share[1]` processes: its batches of each case, as a Share.
-    Warm-ups first, then the repetitions round-robin over the cases; a case's Share is yielded
-    when its last repetition is done (in case order, during the last round)."""
+    Warm-ups first, then rounds of the cases (rounds.py: a fixed count, or `auto`); a case's Share
+    is yielded once it runs no more rounds (in case order)."""
     check_counts(repetitions, warmup)
     inputs = prepare(lm, cases, prompt_set, chat)
     shared = conditions(lm, prompt_set, chat, repetitions, warmup)
@@ -99,15 +102,39 @@ def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | 
                 if on_run:
                     on_run(case, "warm-up")
     reps = [[] for _ in plans]                              # per case, per repetition: its Results
-    for r in range(repetitions):
-        for (case, batches, mine), done in zip(plans, reps):
-            done.append([])
+    cases_run, finished, fixed = [p[0] for p in plans], 0, rounds.fixed(repetitions, size)
+
+    def another_round() -> list[int]:                       # rounds.py; a yielded case is never run again
+        speeds = [[_speed(rep) for rep in done] for done in reps]
+        return [k for k in rounds.next_round(cases_run, speeds, repetitions, size) if k >= finished]
+
+    def release() -> Iterator[Share]:                       # in case order, each once it runs no more
+        nonlocal finished
+        later = another_round()
+        while finished < len(plans) and finished not in later:
+            case, _, mine = plans[finished]
+            yield Share(case, mine, reps[finished], prompt_set, shared)
+            finished += 1
+
+    again, r = another_round(), 0
+    while again:
+        r += 1
+        for k in again:
+            case, batches, mine = plans[k]
+            reps[k].append([])
             for i in mine:
-                done[-1].append(_timed_run(lm, batches[i], case.cfg))
+                reps[k][-1].append(_timed_run(lm, batches[i], case.cfg))
                 if on_run:
-                    on_run(case, f"rep {r + 1}/{repetitions}")
-            if r == repetitions - 1:
-                yield Share(case, mine, done, prompt_set, shared)
+                    on_run(case, f"rep {r}/{fixed}" if fixed else f"rep {r}")
+            if fixed:                                       # a fixed count: a case is done after its last run
+                yield from release()
+        yield from release()
+        again = another_round()
+
+
+def _speed(rep: list[Result]) -> float:
+    """One repetition's tokens/s on this rank (its batches' tokens over their seconds)."""
+    return sum(r.generated_tokens for r in rep) / max(sum(r.seconds_total for r in rep), 1e-12)
 
 
 def merge(shares: list[Share]) -> Measured:
@@ -132,8 +159,8 @@ def _rank_figures(rank: int, reps: list[list[Result]]) -> dict:
             "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 3) if seconds else None}
 
 
-def check_counts(repetitions: int, warmup: int) -> None:
-    if repetitions < 1:
+def check_counts(repetitions: int | str, warmup: int) -> None:
+    if repetitions != rounds.AUTO and repetitions < 1:
         raise UsageError(f"--repetitions {repetitions}: give at least 1")
     if warmup < 0:
         raise UsageError(f"--warmup {warmup}: give 0 or more")
@@ -176,11 +203,12 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         **{k: getattr(cfg, k) for k in ("confidence", "temperature", "seed", "refresh_every", "early_stop",
                                         "credit", "prophet", "dpad_window")},     # the accelerator options
         **shared,
+        "repetitions": len(reps), "repetitions_asked": shared["repetitions"],   # rounds.py: auto varies per row
     }
     return Measured(record, [ids for r in first for ids in r.ids])
 
 
-def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int, warmup: int) -> dict:
+def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int | str, warmup: int) -> dict:
     """What every record of one bench shares: model, placement, software, prompts, repetitions."""
     import torch
     import transformers
@@ -203,32 +231,6 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> tuple[flo
     positions = sum(max(len(a), len(b)) for a, b in zip(answers, reference))
     exact = sum(a == b for a, b in zip(answers, reference)) / max(len(reference), 1)
     return (same / positions if positions else 1.0), exact
-
-
-def spread_fields(speeds: list[float]) -> dict:
-    """A record's speed figures from each repetition's tokens/s: the median, every repetition, the
-    spread ((fastest - slowest) / median; None with one repetition) and the std (older readers)."""
-    median = statistics.median(speeds)
-    several = len(speeds) > 1
-    return {"tokens_per_second": round(median, 3),
-            "tokens_per_second_reps": [round(s, 3) for s in speeds],
-            "tokens_per_second_spread": round((max(speeds) - min(speeds)) / median, 4) if several and median else None,
-            "tokens_per_second_std": round(statistics.stdev(speeds), 3) if several else None}
-
-
-def speedup_fields(reps: list[float], base: list[float]) -> dict:
-    """speedup (median over median), its range (slowest row over fastest baseline, and the other
-    way round) and whether the spreads allow reading it (None: one repetition, spread unknown)."""
-    mid, base_mid = statistics.median(reps), statistics.median(base)
-    if not base_mid or not min(base):
-        return {"speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None}
-    reliable = None
-    if len(reps) > 1 and len(base) > 1:
-        spread = max((max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (reps, base))
-        overlap = min(reps) <= max(base) and min(base) <= max(reps)
-        reliable = spread <= SPREAD_LIMIT and not overlap
-    return {"speedup": round(mid / base_mid, 3), "speedup_min": round(min(reps) / max(base), 3),
-            "speedup_max": round(max(reps) / min(base), 3), "speedup_reliable": reliable}
 
 
 def compare(measured: list[Measured]) -> list[dict]:
@@ -258,41 +260,9 @@ def compare(measured: list[Measured]) -> list[dict]:
     return [m.record for m in measured]
 
 
-def _run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
-    """One engine run of a batch; an infilling batch is one template, decoded at its holes."""
-    return run(lm.decoder, [f.ids for f in batch], cfg, holes=batch[0].holes or None)
-
-
-def _timed_run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
-    _sync(lm.device)                 # nothing queued before the clock starts
-    _reset_peak_rss(lm.device)
-    result = _run(lm, batch, cfg)
-    _sync(lm.device)
-    return result
-
-
 def _warm_key(case: Case) -> tuple:
     """Warm-up depends on the code path and shapes, not on the commit rule."""
     return case.cfg.cache, case.cfg.gen_len, case.cfg.block_len, case.batch_size
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _reset_peak_rss(device) -> None:
-    """On CPU the engine reports the process's peak RSS; Linux lets us restart that peak so each
-    record gets its own (elsewhere it stays the peak so far)."""
-    if device.type != "cpu":
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:

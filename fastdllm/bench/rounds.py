@@ -1,0 +1,106 @@
+"""How many timed repetitions (rounds) each bench case gets.
+
+A round runs every case still measured once, in case order (interleaved: a load that comes and goes
+falls on all of them alike). A fixed count N gives every case N rounds. `auto`, the default, gives
+every case AUTO_FIRST rounds, then further rounds, up to AUTO_MOST in all, only to the cases whose
+speed-up over their group's baseline is still unreliable (speedup_fields: a spread above
+SPREAD_LIMIT, or overlapping ranges) and to those baselines. On a quiet machine that is two rounds
+(the wall time of two passes over the prompts); a burst of load that spoils a ratio buys that row
+and its baseline more rounds, and the median then outvotes it. Data-parallel runs take
+AUTO_FIXED rounds of every case instead: each rank sees only its share of the timings, and every
+rank must run the same rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..errors import UsageError
+from .cases import BASELINE, SPREAD_LIMIT, Case
+
+AUTO = "auto"
+AUTO_FIRST, AUTO_MOST, AUTO_FIXED = 2, 5, 3
+
+
+def parse(text: str) -> int | str:
+    """`--repetitions` as given: a count of at least 1, or 'auto'."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        count = int(text)
+    except ValueError:
+        raise UsageError(f"--repetitions {text}: give a count or 'auto'") from None
+    if count < 1:
+        raise UsageError(f"--repetitions {text}: give at least 1")
+    return count
+
+
+def fixed(repetitions: int | str, processes: int = 1) -> int | None:
+    """The rounds every case gets when the count is fixed (given, or `auto` over several processes);
+    None for `auto` in one process."""
+    if repetitions != AUTO:
+        return repetitions
+    return None if processes == 1 else AUTO_FIXED
+
+
+def planned(repetitions: int | str, processes: int = 1) -> int:
+    """The rounds every case gets for sure (the progress bar's count; `auto` may add more)."""
+    count = fixed(repetitions, processes)
+    return AUTO_FIRST if count is None else count
+
+
+def next_round(cases: list[Case], speeds: list[list[float]], repetitions: int | str, processes: int = 1) -> list[int]:
+    """The indices of the cases that run another round, given each case's tokens/s per round so far
+    (`speeds`, in case order; every case has had the same rounds or fewer). [] when measuring is done."""
+    count = fixed(repetitions, processes)
+    if count is not None:
+        return [k for k, s in enumerate(speeds) if len(s) < count]
+    if min(len(s) for s in speeds) < AUTO_FIRST:
+        return [k for k, s in enumerate(speeds) if len(s) < AUTO_FIRST]
+    baselines = {c.group: k for k, c in enumerate(cases) if c.name == BASELINE}
+    wanted = set()
+    for k, case in enumerate(cases):
+        base = baselines.get(case.group)
+        if base is None or base == k or len(speeds[base]) >= AUTO_MOST:    # the baseline runs every round
+            continue
+        if speedup_fields(speeds[k], speeds[base])["speedup_reliable"] is False:
+            wanted |= {k, base}
+    return sorted(wanted)
+
+
+def spread_fields(speeds: list[float]) -> dict:
+    """A record's speed figures from each repetition's tokens/s: the median, every repetition, the
+    spread ((fastest - slowest) / median; None with one repetition) and the std (older readers)."""
+    median = statistics.median(speeds)
+    several = len(speeds) > 1
+    return {"tokens_per_second": round(median, 3),
+            "tokens_per_second_reps": [round(s, 3) for s in speeds],
+            "tokens_per_second_spread": round((max(speeds) - min(speeds)) / median, 4) if several and median else None,
+            "tokens_per_second_std": round(statistics.stdev(speeds), 3) if several else None}
+
+
+def speedup_fields(reps: list[float], base: list[float]) -> dict:
+    """speedup (median over median), its range (slowest row over fastest baseline, and the other
+    way round) and whether the spreads allow reading it (None: one repetition, spread unknown),
+    judged on the repetitions the median keeps (`outvoted`)."""
+    mid, base_mid = statistics.median(reps), statistics.median(base)
+    if not base_mid or not min(base):
+        return {"speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None}
+    reliable = None
+    if len(reps) > 1 and len(base) > 1:
+        kept, kept_base = outvoted(reps), outvoted(base)
+        spread = max((max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (kept, kept_base))
+        overlap = min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
+        reliable = spread <= SPREAD_LIMIT and not overlap
+    return {"speedup": round(mid / base_mid, 3), "speedup_min": round(min(reps) / max(base), 3),
+            "speedup_max": round(max(reps) / min(base), 3), "speedup_reliable": reliable}
+
+
+def outvoted(speeds: list[float]) -> list[float]:
+    """The repetitions a median of three or more stands on: all but the one farthest from it (one
+    burst of load cannot keep a row unreliable however many rounds follow). Two or fewer: all."""
+    if len(speeds) < 3:
+        return speeds
+    median = statistics.median(speeds)
+    far = max(range(len(speeds)), key=lambda i: abs(speeds[i] - median))
+    return speeds[:far] + speeds[far + 1:]
