@@ -54,7 +54,8 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
         top2 = (logits.topk(2, dim=-1).values.to(work) - log_z).exp()
         confidence = top2[..., 0] - top2[..., 1]
     elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
-        p = torch.sub(logits, log_z, out=shifted).clamp_min_(exp_floor(work)).exp_()     # reuses the buffer
+        # reuses the buffer; not floored: a near-certain row's entropy is made of the tiny terms
+        p = torch.sub(logits, log_z, out=shifted).exp_()
         confidence = (p + 1e-10).log_().mul_(p).sum(-1)
     elif measure == "entropy":   # RND1's: sum p log p of softmax(logits / T) (T = 1 when greedy), no epsilon
         confidence = -entropy_of(logits, temperature)
@@ -108,13 +109,19 @@ def logsumexp_from(logits: torch.Tensor, peak: torch.Tensor, work: torch.dtype) 
     """(log_z (B, K, 1), the (B, K, V) `work` buffer it used): torch.logsumexp(logits.to(work), -1,
     keepdim=True) bit for bit, given each row's max `peak` (B, K), without the upcast copy: the
     upcast, the shift and the exponent write one buffer (an infinite max shifts by 0, as torch's);
-    shifted terms below `exp_floor` are raised to it, which leaves those bits alone and saves x86's slow
-    underflow path (tests/test_step_cost.py)."""
+    on CPU, shifted terms below `exp_floor` are raised to it, which leaves those bits alone and saves
+    x86's slow underflow path (tests/test_step_cost.py)."""
     peak = peak.to(work)[..., None]
     shift = peak.masked_fill(peak.abs() == float("inf"), 0)
-    buffer = torch.sub(logits, shift).clamp_min_(exp_floor(work))   # promotes: a bf16 row is read once, as fp32
+    buffer = floored(torch.sub(logits, shift))           # promotes: a bf16 row is read once, as fp32
     log_z = buffer.exp_().sum(-1, keepdim=True).log_().add_(shift)
     return log_z.masked_fill_(peak == float("-inf"), float("-inf")), buffer
+
+
+def floored(shifted: torch.Tensor) -> torch.Tensor:
+    """On CPU, shifted logits (in place) no lower than `exp_floor`; elsewhere as they are (a GPU's exp
+    has no slow path, and the pass would be one more kernel in the step's graph)."""
+    return shifted.clamp_min_(exp_floor(shifted.dtype)) if shifted.device.type == "cpu" else shifted
 
 
 def exp_floor(dtype: torch.dtype) -> float:
