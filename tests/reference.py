@@ -64,10 +64,12 @@ class NaiveLM:
         x1, x2 = x[..., : self.D // 2], x[..., self.D // 2:]
         return (x * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
 
-    def forward(self, ids, offset=0, past=None, replace=None):
+    def forward(self, ids, offset=0, past=None, replace=None, q_pos=None, k_pos=None):
         """ids (B, S) at canvas offset. past: per layer (k, v) pre-RoPE; with `replace` = (s, e) the
         new k/v overwrite past[:, :, s:e] (dual cache), else they are appended (prefix cache).
-        Returns logits (B, S, V) for every fed position and the per-layer (k, v) attended to."""
+        q_pos (S,) / k_pos (one per key): RoPE positions other than the slots' own (DPad's kept
+        slots keep their canvas positions). Returns logits (B, S, V) for every fed position and
+        the per-layer (k, v) attended to."""
         B, S = ids.shape
         x = self.w("model.embed_tokens.weight" if self.dream else "model.transformer.wte.weight")[ids]
         new_past = []
@@ -84,8 +86,9 @@ class NaiveLM:
             elif past is not None:
                 k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
             new_past.append((k, v))
-            q = self.rope(q, torch.arange(offset, offset + S))
-            kr = self.rope(k, torch.arange(k.shape[2]))
+            assert k_pos is None or k.shape[2] == len(k_pos)
+            q = self.rope(q, torch.arange(offset, offset + S) if q_pos is None else q_pos)
+            kr = self.rope(k, torch.arange(k.shape[2]) if k_pos is None else k_pos)
             rep = self.H // self.Hkv
             kr, vv = kr.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
             att = torch.softmax(q @ kr.transpose(-1, -2) / self.D ** 0.5, -1)

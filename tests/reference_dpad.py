@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from reference import NaiveLM, num_transfer_tokens, transfer
 
 
@@ -44,49 +43,13 @@ def draw_suffix(pdf, e, T, generator):
     return torch.arange(e, T)[u < pdf[:T - e]]
 
 
-class PositionedLM(NaiveLM):
-    def forward_at(self, ids, q_pos, k_pos, past=None, replace=None):
-        """ids (B, S) with RoPE positions q_pos (S,); keys attended to: past (per layer, pre-RoPE)
-        with this span's keys appended (prefix) or written at physical slots replace = (a, b) (dual),
-        rotated at k_pos (one per key). Returns logits (B, S, V) and the per-layer pre-RoPE (k, v)."""
-        B, S = ids.shape
-        x = self.w("model.embed_tokens.weight" if self.dream else "model.transformer.wte.weight")[ids]
-        new_past = []
-        for i in range(self.L):
-            n = self.names(i)
-            h = self.norm(x, n["n1"])
-            q = self.lin(h, n["q"]).view(B, S, self.H, self.D).transpose(1, 2)
-            k = self.lin(h, n["k"]).view(B, S, self.Hkv, self.D).transpose(1, 2)
-            v = self.lin(h, n["v"]).view(B, S, self.Hkv, self.D).transpose(1, 2)
-            if past is not None and replace is not None:
-                pk, pv = past[i][0].clone(), past[i][1].clone()
-                pk[:, :, replace[0]:replace[1]], pv[:, :, replace[0]:replace[1]] = k, v
-                k, v = pk, pv
-            elif past is not None:
-                k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
-            new_past.append((k, v))
-            assert k.shape[2] == len(k_pos)
-            q, kr = self.rope(q, q_pos), self.rope(k, k_pos)
-            rep = self.H // self.Hkv
-            kr, vv = kr.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            att = torch.softmax(q @ kr.transpose(-1, -2) / self.D ** 0.5, -1)
-            x = x + self.lin((att @ vv).transpose(1, 2).reshape(B, S, -1), n["o"])
-            h = self.norm(x, n["n2"])
-            x = x + self.lin(F.silu(self.lin(h, n["g"])) * self.lin(h, n["u"]), n["d"])
-        x = self.norm(x, "model.norm" if self.dream else "model.transformer.ln_f")
-        logits = x @ self.w("lm_head.weight" if self.dream else "model.transformer.ff_out.weight").T
-        if self.dream:  # shifted: position i predicted from the slot before it
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
-        return logits, new_past
-
-
 def dpad_generate(lm, prompt, *, cache, gen_length, block_length, window, k, scale, seed, mask_id,
                   steps=None, threshold=None, stop_ids=(), early_termination=True, ban_mask=True,
                   record=None, blocks=None):
     """cache in {"none", "prefix", "dual"}; prompt (B, P), every row sharing the draw (theirs: B = 1).
     Returns (canvas (B, P + G), nfe). `record` gets per step the sorted [row, canvas position,
     token] of every commit; `blocks` per block (kept canvas slots, E, the spans of its steps)."""
-    net = PositionedLM(lm)
+    net = NaiveLM(lm)
     B, P = prompt.shape
     T = P + gen_length
     x = torch.full((B, T), mask_id, dtype=torch.long)
@@ -108,13 +71,13 @@ def dpad_generate(lm, prompt, *, cache, gen_length, block_length, window, k, sca
         while True:
             a = s - shift
             if cache == "none" or i == 0:                  # the whole pruned canvas
-                logits, past = net.forward_at(xp, pos, pos)
+                logits, past = net.forward(xp, q_pos=pos, k_pos=pos)
                 view, lo, span = xp, 0, (0, E)
             elif cache == "prefix":                        # [s, E) against the keys of [0, s)
-                logits, _ = net.forward_at(xp[:, a:], pos[a:], pos, past=[(kk[:, :, :a], v[:, :, :a]) for kk, v in past])
+                logits, _ = net.forward(xp[:, a:], q_pos=pos[a:], k_pos=pos, past=[(kk[:, :, :a], v[:, :, :a]) for kk, v in past])
                 view, lo, span = xp[:, a:], a, (s, E)
             else:                                          # dual: the block against every other key
-                logits, past = net.forward_at(xp[:, a:e], pos[a:e], pos, past=past, replace=(a, e))
+                logits, past = net.forward(xp[:, a:e], q_pos=pos[a:e], k_pos=pos, past=past, replace=(a, e))
                 view, lo, span = xp[:, a:e], a, (s, e)
             nfe += 1
             spans.append(span)
