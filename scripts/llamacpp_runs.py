@@ -26,6 +26,9 @@ def spread(xs: list[float]) -> str:
 
 # -- llama.cpp --------------------------------------------------------------------------------------
 
+LLAMA_ENV: dict | None = None     # the environment llama.cpp runs with (None: this process's)
+
+
 def llama(bins, gguf: Path, prompt: list[int], a, *, steps: int, eps: float | None = None, fa: str = "auto",
           text: str | None = None, plain: bool = False) -> dict:
     """One llama.cpp run: llama-diffusion-ids with the prompt as ids (or as `text`, templated and
@@ -36,7 +39,7 @@ def llama(bins, gguf: Path, prompt: list[int], a, *, steps: int, eps: float | No
            "--diffusion-steps", steps, "--diffusion-algorithm", 4, "--top-k", 1, "--temp", 0, "--seed", 0,
            "-t", a.threads, "-tb", a.threads, "-fa", fa, "--load-mode", "none"]
     cmd += ["--diffusion-eps", eps] if eps else ["--diffusion-block-length", a.block_len]
-    p = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, errors="replace")
+    p = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, errors="replace", env=LLAMA_ENV)
     log = p.stdout + p.stderr
     m = re.search(r"total time: ([\d.]+)ms, time per step: ([\d.]+)ms, sampling time per step: ([\d.]+)ms", log)
     if p.returncode or not m:

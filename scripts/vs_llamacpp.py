@@ -36,15 +36,24 @@ llama.cpp runs through llama-diffusion-ids, diffusion-cli.cpp with prompt ids in
 
 from __future__ import annotations
 
+# fastdllm's runs in this process wait as its CLI's do (OMP_WAIT_POLICY=PASSIVE: fastdllm/threads.py),
+# set before torch loads; llama.cpp (OpenMP too) runs with the environment as the user has it.
+import os
+
+USER_ENV = dict(os.environ)
+from fastdllm import threads
+
+threads.prepare_wait_policy()
+
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import llamacpp_build as lb  # scripts/llamacpp_build.py
+import llamacpp_runs
 import torch
 from llamacpp_runs import (  # scripts/llamacpp_runs.py
     cfg_of,
@@ -218,6 +227,7 @@ def main() -> None:
     ap.add_argument("--llamacpp-version", help="llama-cpp-python sdist version (default: the newest)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    llamacpp_runs.LLAMA_ENV = USER_ENV
     a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
                                                  for s in (a.precisions, a.best_llama, a.best_fastdllm))
     torch.set_num_threads(a.threads)

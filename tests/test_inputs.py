@@ -38,6 +38,7 @@ def test_bf16_without_native_units_loads_plain_and_says_emulated(llada_dir, monk
     assert r.exit_code == 0, r.stderr
     dtype_line = next(line for line in r.stderr.splitlines() if line.startswith("device / dtype:"))
     assert "bfloat16" in dtype_line and "emulated" in dtype_line
+    assert f", {torch.get_num_threads()} threads)" in dtype_line and lm.info["threads"] == torch.get_num_threads()
     assert "emulated" in invoke("info", llada_dir).stdout
     assert json.loads(invoke("info", llada_dir, "--json").stdout)["cpu"]["bf16_native"] is False
 

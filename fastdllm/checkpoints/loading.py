@@ -316,7 +316,7 @@ def cpu_details(loaded: LoadedModel) -> dict:
 
     if loaded.device.type != "cpu":
         return {}
-    details = {"cpu_capability": cpu.capability()}
+    details = {"cpu_capability": cpu.capability(), "threads": torch.get_num_threads()}   # threads.py chose them
     if loaded.dtype == torch.bfloat16:
         details["bf16"] = "native" if cpu.bf16_native() else "emulated"
     return details

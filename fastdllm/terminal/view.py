@@ -279,7 +279,8 @@ def stats_block(result: Result, info: dict, view_overhead: float | None = None) 
                    + (" (over the holes' masks)" if result.holes else "")),
         ("early stop", "yes" if result.early_stopped else "no"),
         *([("token edits", edits_text(result))] if cfg.edit_threshold is not None else []),
-        ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']})" if "cpu_capability" in info else "")
+        ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']}, {info['threads']} threads)"
+                                                      if "cpu_capability" in info else "")
          + f" / {info.get('dtype')}" + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")
          + (f" ({info['portable_4bit_layers']} layers on bitsandbytes' portable 4-bit kernel: shapes its bf16 CPU "
             "kernel cannot take)" if info.get("portable_4bit_layers") else "")
