@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import HEAVY_PROMPT
 from mask_heavy import max_mask_probability
+from one_line import one_line_refusal
 from reference_credit import credit_generate
 
 from fastdllm.decode.config import ConfigError, DecodeConfig
@@ -119,9 +120,7 @@ def test_a_batch_over_one_gib_of_credit_is_refused_in_one_line():
     (dict(credit_alpa="1"), "did you mean 'credit_alpha'"),
 ])
 def test_config_errors_are_one_line(values, message):
-    with pytest.raises(ConfigError) as error:
-        DecodeConfig.from_dict(values)
-    assert message in str(error.value) and "\n" not in str(error.value)
+    one_line_refusal(lambda: DecodeConfig.from_dict(values), message, ConfigError)
 
 
 # --- fastdllm against the transcription, float64 ----------------------------------------------------

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import HEAVY_PROMPT
 from mask_heavy import max_mask_probability
+from one_line import one_line_refusal
 from reference_dkv import dkv_generate
 
 from fastdllm.decode import engine
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import Batch, StepEvent, generate, run
-from fastdllm.errors import UserError
 from fastdllm.models.kv_cache import Slots
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
@@ -245,15 +245,7 @@ def test_moe_families_a_position_set_over_an_exact_cache_equals_a_full_forward(f
     (dict(cache="dkv", refresh_every="0"), "refresh_every: 0 is below the minimum 1"),
 ])
 def test_config_errors_are_one_line(values, message):
-    with pytest.raises(ConfigError) as error:
-        DecodeConfig.from_dict(values)
-    assert message in str(error.value) and "\n" not in str(error.value)
-
-
-def one_line_refusal(fn, message):
-    with pytest.raises(UserError) as error:
-        fn()
-    assert message in str(error.value) and "\n" not in str(error.value)
+    one_line_refusal(lambda: DecodeConfig.from_dict(values), message, ConfigError)
 
 
 def test_block_causal_and_renoising_families_refused_in_one_line(tmp_path_factory):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import HEAVY_PROMPT
 from mask_heavy import max_mask_probability
+from one_line import one_line_refusal
 from reference_dpad import dpad_generate, draw_suffix, gaussian_keep
 
 from fastdllm.decode import engine
@@ -24,7 +25,6 @@ from fastdllm.decode.canvas import plan
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate, run, stepper
 from fastdllm.decode.suffix_dropout import SuffixDropout, draw_kept, keep_profile
-from fastdllm.errors import UserError
 from fastdllm.models.kv_cache import CanvasCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
@@ -124,15 +124,7 @@ def test_a_shorter_row_masks_kept_slots_past_its_end():
     (dict(dpad_windw="8"), "did you mean 'dpad_window'"),
 ])
 def test_config_errors_are_one_line(values, message):
-    with pytest.raises(ConfigError) as error:
-        DecodeConfig.from_dict(values)
-    assert message in str(error.value) and "\n" not in str(error.value)
-
-
-def one_line_refusal(fn, message):
-    with pytest.raises(UserError) as error:
-        fn()
-    assert message in str(error.value) and "\n" not in str(error.value)
+    one_line_refusal(lambda: DecodeConfig.from_dict(values), message, ConfigError)
 
 
 def test_block_causal_renoising_and_infilling_refused_in_one_line(llada64, tmp_path_factory):

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
+from one_line import one_line_refusal
 from reference_prophet import prophet_generate
 
 from fastdllm.decode.canvas import plan
@@ -102,9 +103,7 @@ def test_check_reads_the_answer_and_every_mask_once_and_fills_only_an_exiting_ro
     (dict(prophet_erly="1"), "did you mean 'prophet_early'"),
 ])
 def test_config_errors_are_one_line(values, message):
-    with pytest.raises(ConfigError) as error:
-        DecodeConfig.from_dict(values)
-    assert message in str(error.value) and "\n" not in str(error.value)
+    one_line_refusal(lambda: DecodeConfig.from_dict(values), message, ConfigError)
 
 
 # --- fastdllm against the transcription, float64 ----------------------------------------------------
