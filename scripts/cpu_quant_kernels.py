@@ -2,9 +2,10 @@
 """CPU matmul kernels for weight-only quantization against the float linears fastdllm runs (a
 benchmark, not a test): fp32 and bf16 nn.Linear weights in oneDNN's packed layout (what
 prepare_for_inference leaves on CPU), torch's int8 (`_weight_int8pack_mm`, per-channel scales)
-and int4 (`_weight_int4pack_mm_for_cpu`, groups of 32/64/128 with scales and zeros), and int8
+and int4 (`_weight_int4pack_mm_for_cpu` on Int4Linear's packed weight, groups of 32), and int8
 weights with int8 activations ("w8a8": Int8Linear.matmul_w8a8 itself, per-row dynamic activation
-quantization + `torch._int_mm` + rescale, the path Int8Linear takes from W8A8_ROWS rows).
+quantization + `torch._int_mm` + rescale, the path Int8Linear takes from W8A8_ROWS rows; "w4a8":
+Int4Linear.matmul_w4a8, the same after unpacking the int4 codes to int8).
 
     python scripts/cpu_quant_kernels.py                        # the 0.5B and mid shapes, M 1..320
     python scripts/cpu_quant_kernels.py --shapes 0.5b --rows 1,32 --reps 7
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from fastdllm.models.cpu import bf16_note, capability
+from fastdllm.models.cpu_int4 import GROUP, Int4Linear
 from fastdllm.models.cpu_quant import Int8Linear
 
 # name -> [(what, N out, K in)]: the fused q/k/v and gate/up matmuls as the model runs them
@@ -57,21 +59,16 @@ def variants(N: int, K: int) -> dict:
     lin.weight.data = w
     w8a8 = Int8Linear(lin, torch.bfloat16)
     out["w8a8 bf16"] = (torch.bfloat16, w8a8.matmul_w8a8)
-    for group in (32, 64, 128):
-        g = w.view(N, K // group, group)
-        lo, hi = g.amin(-1), g.amax(-1)
-        s = (hi - lo).clamp_min(1e-8) / 15
-        q4 = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(N, K)
-        packed = torch._convert_weight_to_int4pack_for_cpu(q4, 1)
-        sz = torch.stack([s.T, (lo + 8 * s).T], -1).contiguous()       # (K/group, N, 2)
-        for dt in (torch.bfloat16,) + ((torch.float32,) if group == 128 else ()):
-            name = f"int4 g{group} {'bf16' if dt == torch.bfloat16 else 'fp32'}"
-            out[name] = (dt, lambda x, p=packed, gs=group, z=sz.to(dt): torch._weight_int4pack_mm_for_cpu(x, p, gs, z))
+    w4 = Int4Linear(lin, torch.bfloat16)
+    for name, dt in (("int4 bf16", torch.bfloat16), ("int4 fp32", torch.float32)):
+        sz = w4.scales_and_zeros.to(dt)
+        out[name] = (dt, lambda x, sz=sz: torch._weight_int4pack_mm_for_cpu(x, w4.weight, GROUP, sz))
+    out["w4a8 bf16"] = (torch.bfloat16, w4.matmul_w4a8)
     return out
 
 
 # fp32 activations take the kernels' reference loops (10-100x slower than bf16): timed at few rows only
-SLOW = ("int8 fp32", "int4 g128 fp32")
+SLOW = ("int8 fp32", "int4 fp32")
 
 
 def measure(fns: dict, M: int, K: int, reps: int, slow_rows: int) -> dict[str, float]:
@@ -98,6 +95,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--variants", default="", help="comma-separated columns to time (default: all; bf16 always)")
     ap.add_argument("--no-head", action="store_true", help="leave out the output head's shape (slow)")
+    ap.add_argument("--only", default="", help="time only the matrices whose name starts with this (e.g. head)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -107,7 +105,7 @@ def main() -> None:
     with torch.no_grad():
         for shape in args.shapes.split(","):
             for what, N, K in SHAPES[shape]:
-                if args.no_head and what.startswith("head"):
+                if (args.no_head and what.startswith("head")) or not what.startswith(args.only):
                     continue
                 fns = variants(N, K)
                 if args.variants:

@@ -60,10 +60,12 @@ def shape_summary(shapes: dict, config) -> dict:
     parameters = sum(prod(s) for s in shapes.values())
     # int8/int4 keep the input embedding as int8 rows unless a float head is tied to it
     embedding = sum(prod(s) for n, s in shapes.items() if n.endswith(("embed_tokens.weight", "transformer.wte.weight")))
-    untied = any(n in ("lm_head.weight", "model.transformer.ff_out.weight") for n in shapes)
+    head = sum(prod(s) for n, s in shapes.items() if n in ("lm_head.weight", "model.transformer.ff_out.weight"))
     return {"parameters": parameters, "active_parameters": parameters - idle_expert_parameters(shapes, config),
             "block_matrix_parameters": in_blocks, "kv_bytes_per_token_bf16": 2 * kv_rows * 2,
-            "untied_embedding_parameters": embedding if untied else 0,
+            "untied_embedding_parameters": embedding if head else 0,
+            # int8/int4 quantize the head as int8 where W8A8 runs (a tied one: the embedding's rows)
+            "vocab_matrix_parameters": embedding + head,
             # int8/int4 refuse packed 3-D experts (DiffusionGemma; checkpoints/loading.py)
             "packed_experts": any(len(s) == 3 for s in shapes.values())}
 
@@ -88,15 +90,19 @@ def memory_estimate(info: dict, canvas_tokens: int) -> dict[str, dict[str, int]]
     """Weights plus the canvas KV cache (bf16), for bf16 / 8-bit / 4-bit / int8 / int4 weights. All
     four quantise the matrices inside the blocks (bitsandbytes keeps embeddings, head and norms in
     bf16); 4-bit NF4 adds one fp32 scale per 64 weights. int8 / int4 (CPU, models/cpu_quant.py): a
-    bf16 scale per row (negligible) / a bf16 scale and zero per 64 weights; the input embedding as
-    int8 rows unless tied to the (bf16) head; head and norms bf16."""
-    blocks, embed = info["block_matrix_parameters"], info.get("untied_embedding_parameters", 0)
+    bf16 scale per row (negligible) / per 32 weights a bf16 step and zero (the kernel's) and an
+    int8 multiplier (W4A8's); the embedding and the head as int8 rows where this CPU runs W8A8
+    (`head_pays`), else only an untied embedding, the head bf16; norms bf16."""
+    from ..models.cpu_quant import head_pays
+
+    blocks = info["block_matrix_parameters"]
+    embed = info.get("vocab_matrix_parameters", 0) if head_pays() else info.get("untied_embedding_parameters", 0)
     rest = info["parameters"] - blocks
     weights = {"bf16": info["parameters"] * 2,
                "8bit": blocks * 1 + rest * 2,
                "4bit": int(blocks * (0.5 + 4 / 64)) + rest * 2,
                "int8": blocks * 1 + embed * 1 + (rest - embed) * 2,
-               "int4": int(blocks * (0.5 + 4 / 64)) + embed * 1 + (rest - embed) * 2}
+               "int4": int(blocks * (0.5 + 5 / 32)) + embed * 1 + (rest - embed) * 2}
     if info.get("packed_experts"):
         del weights["int8"], weights["int4"]
     cache = info["kv_bytes_per_token_bf16"] * canvas_tokens
