@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-# First, before anything can import torch: OpenMP reads its wait policy when torch loads it
-# (fastdllm/threads.py says why passive). `python -m fastdllm` comes through here too.
-from fastdllm import threads
-
-threads.prepare_wait_policy()
-
 import os
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
+from fastdllm import threads
 from fastdllm.errors import UserError
 
 from . import user_errors
@@ -32,14 +27,14 @@ app = typer.Typer(
     name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Fast local decoding for diffusion language models (LLaDA, Dream): block-wise KV cache "
          "and confidence-aware parallel decoding (Fast-dLLM). CPU threads: FASTDLLM_THREADS or OMP_NUM_THREADS "
-         "(default: the physical cores this process may use; idle threads wait passively).")
+         "(default: the physical cores this process may use, fewer while other processes keep some busy).")
 
 
 @app.callback()
 def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks.")] = False):
     user_errors.DEBUG["on"] = debug or bool(os.environ.get("FASTDLLM_DEBUG"))
     try:                        # every command runs after this and imports torch inside it
-        threads.configure()
+        threads.configure(watch=True)
     except UserError as e:
         err_console.print(Text("error: ", style="bold red") + Text(str(e)))
         raise typer.Exit(e.exit_code) from None

@@ -4,9 +4,11 @@ torch is imported (the OpenMP runtime reads its variables when it loads).
 - Threads: FASTDLLM_THREADS, else OMP_NUM_THREADS, else the physical cores this process may run on
   (its affinity mask, counted as distinct (package, core) pairs, capped by a cgroup CPU quota).
   SMT siblings share one core's vector units, so a second thread per core only adds contention.
-- Waiting: OMP_WAIT_POLICY=PASSIVE unless the user set it. libgomp's default spins idle workers
-  for a while after every parallel region; a decode step has hundreds of short regions, so the
-  spinning holds cores that another process on a busy machine needs, and gets nothing back.
+- Waiting: libgomp's own (idle workers spin for a while after each parallel region, then sleep),
+  unless the user set OMP_WAIT_POLICY. A decode step has hundreds of short regions: passive waiting
+  (a sleep and a wake-up per region) made a 0.5B DualCache step 2.4x slower on a quiet machine. The
+  spinning would hold cores that another process needs, so where the thread count is ours to
+  choose, thread_watch.py keeps the threads to the cores other processes leave free.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import thread_watch
 from .errors import UsageError
 
 SYSFS = Path("/sys/devices/system/cpu")
@@ -89,16 +92,16 @@ def decide(environ=os.environ) -> tuple[int, str]:
     return default_threads(), "physical cores"
 
 
-def prepare_wait_policy(environ=os.environ) -> None:
-    """Passive waiting unless the user chose; must run before torch (libgomp) is loaded."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def configure(environ=os.environ) -> int:
+def configure(environ=os.environ, watch: bool = False) -> int:
     """Set the thread count before torch loads (OMP_NUM_THREADS, which torch and its BLAS read);
     returns it (0: left to OpenMP's own OMP_NUM_THREADS syntax). If torch is already imported (a
-    library caller, the tests) its thread count is the caller's: only FASTDLLM_THREADS changes it."""
+    library caller, the tests) its thread count is the caller's: only FASTDLLM_THREADS changes it.
+    `watch` (the CLI): where the count is ours (no FASTDLLM_THREADS / OMP_NUM_THREADS, torch not
+    yet loaded by a caller), start thread_watch, which lowers it while other processes keep cores
+    busy."""
     n, source = decide(environ)
+    if watch and source == "physical cores" and "torch" not in sys.modules:
+        thread_watch.start(n)
     if n and source != "OMP_NUM_THREADS":
         if "torch" in sys.modules:
             if source == "FASTDLLM_THREADS":

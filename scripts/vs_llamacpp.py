@@ -36,14 +36,11 @@ llama.cpp runs through llama-diffusion-ids, diffusion-cli.cpp with prompt ids in
 
 from __future__ import annotations
 
-# fastdllm's runs in this process wait as its CLI's do (OMP_WAIT_POLICY=PASSIVE: fastdllm/threads.py),
-# set before torch loads; llama.cpp (OpenMP too) runs with the environment as the user has it.
+# fastdllm's runs in this process follow the free cores as its CLI's do (fastdllm/thread_watch.py);
+# llama.cpp (OpenMP too) runs with the environment as the user has it.
 import os
 
 USER_ENV = dict(os.environ)
-from fastdllm import threads
-
-threads.prepare_wait_policy()
 
 import argparse
 import json
@@ -65,6 +62,7 @@ from llamacpp_runs import (  # scripts/llamacpp_runs.py
     timed,
 )
 
+from fastdllm import thread_watch
 from fastdllm.models.cpu import bf16_note, capability
 
 PRECISIONS = [("f32", "fp32"), ("bf16", "bf16"), ("q8_0", "int8"), ("q4_0", "int4")]   # llama.cpp, fastdllm
@@ -231,6 +229,7 @@ def main() -> None:
     a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
                                                  for s in (a.precisions, a.best_llama, a.best_fastdllm))
     torch.set_num_threads(a.threads)
+    thread_watch.start(a.threads)                        # as the CLI: fewer threads beside busy cores
     shapes = a.shapes.split(",")
     kinds = sorted(set(a.precisions) | set(a.best_llama) | {"f32"}, key=[p[0] for p in PRECISIONS].index)
     prep = lb.prepare(shapes, kinds=kinds, version=a.llamacpp_version, jobs=os.cpu_count())

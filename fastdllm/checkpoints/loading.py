@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .. import thread_watch
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .packed_experts import load_experts_apart
@@ -172,6 +173,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
                          torch_dtype, quantize, time.perf_counter() - start, thought=thought_markers(tokenizer))
     model.parameters_before_quantization = parameters
     loaded.info = describe(loaded)
+    if loaded.device.type == "cpu":      # the CLI's thread count follows the free cores (thread_watch.py):
+        model.embed.register_forward_pre_hook(thread_watch.poll)     # every forward path embeds first
     if cpu_quant:
         loaded.info["cpu_quantized"] = quantized
         if torch_dtype == torch.float32:
