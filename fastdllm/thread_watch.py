@@ -1,4 +1,4 @@
-"""The CPU thread count follows the cores other processes leave free (docs/threads.md).
+"""The CPU thread count follows the cores other processes leave free (README, "On a CPU").
 
 OpenMP's worker threads spin for a while after each parallel region before they sleep (libgomp's
 default). On a quiet machine that is what makes a decode step fast: a step runs hundreds of short
