@@ -81,13 +81,12 @@ def _torch_set_threads(n: int) -> None:
 WATCH: ThreadWatch | None = None
 
 
-def start(threads: int) -> None:
-    """The CLI's: watch from now on, with `threads` as the most (the physical cores)."""
+def start(threads: int, cpus: set[int]) -> None:
+    """The CLI's: watch the logical `cpus` this process may run on from now on, with `threads` as
+    the most (the physical cores among them)."""
     global WATCH
-    from .threads import allowed_cpus
-
     try:
-        WATCH = ThreadWatch(threads, threads, set(allowed_cpus()))
+        WATCH = ThreadWatch(threads, threads, cpus)
     except (OSError, ValueError):        # no /proc/stat (not Linux): the fixed count stays
         WATCH = None
 

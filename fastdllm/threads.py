@@ -101,7 +101,7 @@ def configure(environ=os.environ, watch: bool = False) -> int:
     busy."""
     n, source = decide(environ)
     if watch and source == "physical cores" and "torch" not in sys.modules:
-        thread_watch.start(n)
+        thread_watch.start(n, set(allowed_cpus()))
     if n and source != "OMP_NUM_THREADS":
         if "torch" in sys.modules:
             if source == "FASTDLLM_THREADS":

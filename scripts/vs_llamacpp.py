@@ -229,7 +229,7 @@ def main() -> None:
     a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
                                                  for s in (a.precisions, a.best_llama, a.best_fastdllm))
     torch.set_num_threads(a.threads)
-    thread_watch.start(a.threads)                        # as the CLI: fewer threads beside busy cores
+    thread_watch.start(a.threads, set(os.sched_getaffinity(0)))     # as the CLI: fewer beside busy cores
     shapes = a.shapes.split(",")
     kinds = sorted(set(a.precisions) | set(a.best_llama) | {"f32"}, key=[p[0] for p in PRECISIONS].index)
     prep = lb.prepare(shapes, kinds=kinds, version=a.llamacpp_version, jobs=os.cpu_count())
