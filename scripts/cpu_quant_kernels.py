@@ -3,9 +3,9 @@
 benchmark, not a test): fp32 and bf16 nn.Linear weights in oneDNN's packed layout (what
 prepare_for_inference leaves on CPU), torch's int8 (`_weight_int8pack_mm`, per-channel scales)
 and int4 (`_weight_int4pack_mm_for_cpu` on Int4Linear's packed weight, groups of 32), and int8
-weights with int8 activations ("w8a8": Int8Linear.matmul_w8a8 itself, per-row dynamic activation
+weights with int8 activations ("w8a8": Int8Linear.matmul_int8 itself, per-row dynamic activation
 quantization + `torch._int_mm` + rescale, the path Int8Linear takes from W8A8_ROWS rows; "w4a8":
-Int4Linear.matmul_w4a8, the same after unpacking the int4 codes to int8).
+Int4Linear.matmul_int8, the same after unpacking the int4 codes to int8).
 
     python scripts/cpu_quant_kernels.py                        # the 0.5B and mid shapes, M 1..320
     python scripts/cpu_quant_kernels.py --shapes 0.5b --rows 1,32 --reps 7
@@ -58,12 +58,12 @@ def variants(N: int, K: int) -> dict:
     lin = nn.Linear(K, N, bias=False)
     lin.weight.data = w
     w8a8 = Int8Linear(lin, torch.bfloat16)
-    out["w8a8 bf16"] = (torch.bfloat16, w8a8.matmul_w8a8)
+    out["w8a8 bf16"] = (torch.bfloat16, w8a8.matmul_int8)
     w4 = Int4Linear(lin, torch.bfloat16)
     for name, dt in (("int4 bf16", torch.bfloat16), ("int4 fp32", torch.float32)):
         sz = w4.scales_and_zeros.to(dt)
         out[name] = (dt, lambda x, sz=sz: torch._weight_int4pack_mm_for_cpu(x, w4.weight, GROUP, sz))
-    out["w4a8 bf16"] = (torch.bfloat16, w4.matmul_w4a8)
+    out["w4a8 bf16"] = (torch.bfloat16, w4.matmul_int8)
     return out
 
 

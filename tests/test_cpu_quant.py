@@ -101,19 +101,9 @@ def w8a8_reference(x: torch.Tensor, q: QuantLinear):
     return product + (0 if q.bias is None else q.bias.double()), product, xq.abs() @ w.abs().T
 
 
-def weight_only_kernel(q: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(q, Int8Linear):
-        return torch._weight_int8pack_mm(x, q.weight, q.scales)
-    return torch._weight_int4pack_mm_for_cpu(x, q.weight, 32, q.scales_and_zeros)
-
-
 def int8_rows(q: QuantLinear) -> int | None:
     """From how many rows the module's activations are int8, as configured (before the probe)."""
     return cpu_kernels.W8A8_ROWS if isinstance(q, Int8Linear) else cpu_kernels.W4A8_ROWS
-
-
-def int8_path(q: QuantLinear):
-    return q.matmul_w8a8 if isinstance(q, Int8Linear) else q.matmul_w4a8
 
 
 def close_to_w8a8(y: torch.Tensor, x: torch.Tensor, q: QuantLinear, dtype) -> bool:
@@ -162,13 +152,13 @@ def test_linear_switches_path_by_row_count(linear, make):
     assert n is not None and q.w8a8_rows == (n if int_mm_exact() else None)
     for M in (1, n - 1, n, 64):
         x = torch.randn(M, 256).bfloat16()
-        weight_only = weight_only_kernel(q, x) + q.bias
-        int8 = int8_path(q)(x) + q.bias if int_mm_exact() else None
+        weight_only = q.matmul_weight_only(x) + q.bias
+        int8 = q.matmul_int8(x) + q.bias if int_mm_exact() else None
         expected = int8 if (M >= n and int_mm_exact()) else weight_only
         assert torch.equal(q(x), expected), M
     if int_mm_exact():      # the two paths differ (the activations' rounding): the switch is seen
         x = torch.randn(n, 256).bfloat16()
-        assert not torch.equal(int8_path(q)(x), weight_only_kernel(q, x))
+        assert not torch.equal(q.matmul_int8(x), q.matmul_weight_only(x))
 
 
 def test_int_mm_probe_says_what_int_mm_does():

@@ -45,9 +45,9 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     row = torch.where(row * 15 < top, row * 2, row)[:, None]                 # log2's rounding
     ratio = ideal / row                                                      # |ratio| <= 15
     sign = torch.where(ratio < 0, -1.0, 1.0)
-    (c_lo, m_lo, e_lo), (c_hi, m_hi, e_hi) = (
-        _codes(g, torch.where(ideal == 0, 0.0, sign * mag), row)
-        for mag in (ratio.abs().floor().clamp(1, 15), ratio.abs().ceil().clamp(1, 15)))
+    m_lo, m_hi = (torch.where(ideal == 0, 0.0, sign * mag)                   # an all-zero group: 0
+                  for mag in (ratio.abs().floor().clamp(1, 15), ratio.abs().ceil().clamp(1, 15)))
+    (c_lo, e_lo), (c_hi, e_hi) = _codes(g, m_lo, row), _codes(g, m_hi, row)
     pick_hi = e_hi < e_lo                                                    # (N, K/G)
     c = torch.where(pick_hi[..., None], c_hi, c_lo)
     m = torch.where(pick_hi, m_hi, m_lo)
@@ -56,10 +56,10 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def _codes(g: torch.Tensor, m: torch.Tensor, row: torch.Tensor):
     """Groups g (N, K/G, G) under steps m * row (m (N, K/G), an all-zero group's 0; row (N, 1)):
-    (codes c in [-8, 7], m, squared error per group)."""
+    (codes c in [-8, 7], squared error per group)."""
     step = (m * row)[..., None]                                              # (N, K/G, 1)
     c = (g / torch.where(step != 0, step, 1)).round().clamp(-8, 7)
-    return c, m, (c * step - g).square().sum(-1)
+    return c, (c * step - g).square().sum(-1)
 
 
 def dequantize_int4(q: torch.Tensor, m: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,6 @@ class Int4Linear(QuantLinear):
     """int4 weights (the module docstring): weight-only under `w8a8_rows` rows (`w4a8_rows()`),
     W4A8 from there, where `_int_mm` is exact and `int4pack_codes` reads this torch's packing."""
     fmt = "int4"
-    w8a8_rows: int | None = None                                     # set at build
 
     def __init__(self, lin: nn.Linear, dtype: torch.dtype):
         super().__init__(lin, dtype)
@@ -87,9 +86,7 @@ class Int4Linear(QuantLinear):
         self.panel = int4pack_panel()                                        # the packing's, for W4A8
         self.w8a8_rows = w4a8_rows()                                         # int8 activations from here
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w8a8_rows is not None and x.shape[0] >= self.w8a8_rows:
-            return self.matmul_w4a8(x)
+    def matmul_weight_only(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scales_and_zeros)
 
     def int8_codes(self) -> torch.Tensor:
@@ -98,7 +95,8 @@ class Int4Linear(QuantLinear):
         codes = int4pack_codes(self.weight, N, K, self.panel).view(torch.int8).view(K // GROUP, GROUP, N)
         return codes.sub_(8).mul_(self.multipliers[:, None]).view(K, N)
 
-    def matmul_w4a8(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul_int8(self, x: torch.Tensor) -> torch.Tensor:
+        """W4A8."""
         return int8_matmul(x, self.int8_codes(), self.row_scales)
 
     def dequantized(self) -> torch.Tensor:

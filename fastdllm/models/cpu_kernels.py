@@ -34,8 +34,11 @@ def w4a8_rows() -> int | None:
 
 
 class QuantLinear(nn.Module):
-    """What both formats share: (in, out) sizes, the bias, the 2-D reshape around the kernel. The
-    packed weight is a buffer named `weight` (layers.linear reads `weight.is_mkldnn`)."""
+    """What both formats share: (in, out) sizes, the bias, the 2-D reshape around the kernel, the
+    switch by row count between `matmul_weight_only` and `matmul_int8` (from `w8a8_rows` rows,
+    None: never; set at build). The packed weight is a buffer named `weight` (layers.linear reads
+    `weight.is_mkldnn`)."""
+    w8a8_rows: int | None = None
 
     def __init__(self, lin: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -52,6 +55,11 @@ class QuantLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w8a8_rows is not None and x.shape[0] >= self.w8a8_rows:
+            return self.matmul_int8(x)
+        return self.matmul_weight_only(x)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}"

@@ -39,7 +39,6 @@ class Int8Linear(QuantLinear):
     int8 sum accumulated exactly in int32 by `torch._int_mm`, rescaled in fp32, rounded to the
     activation dtype once, + bias."""
     fmt = "int8"
-    w8a8_rows: int | None = None                                     # set at build: w8a8_rows()
 
     def __init__(self, lin: nn.Linear, dtype: torch.dtype, head: bool = False):
         super().__init__(lin, dtype)
@@ -48,12 +47,11 @@ class Int8Linear(QuantLinear):
         self.register_buffer("scales", scale)                            # (N,)
         self.w8a8_rows = w8a8_rows(head)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w8a8_rows is not None and x.shape[0] >= self.w8a8_rows:
-            return self.matmul_w8a8(x)
+    def matmul_weight_only(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(x, self.weight, self.scales)
 
-    def matmul_w8a8(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul_int8(self, x: torch.Tensor) -> torch.Tensor:
+        """W8A8."""
         return int8_matmul(x, self.weight.t(), self.scales)               # (K, N) view of (N, K)
 
     def dequantized(self) -> torch.Tensor:
