@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
@@ -27,12 +28,13 @@ SAME = ["task", "profile", "metric", "value", "stderr", "metrics", "samples", "a
         "nfe_per_answer", "tokens_per_forward", "config"]
 
 
-def run(args: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """A command in the repository's root (the tasks' data paths are relative to it). PYTHONSAFEPATH:
-    `-m fastdllm` imports the installed package, not the source folder of the same name in the
-    working directory (whose `cli/` is installed as `fastdllm.cli`: not importable from there)."""
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONSAFEPATH": "1", **(env or {})})
+def run(args: list[str], env: dict | None = None, timeout: int = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """A command in the repository's root by default, where a user who followed the README stands
+    (there `-m fastdllm` imports the checkout's `fastdllm/` folder, fastdllm/source_tree.py maps its
+    `cli/` and `profiles/`); no PYTHONSAFEPATH, no PYTHONPATH of the test's."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
 
 
 def fastdllm(*args) -> list[str]:
@@ -45,6 +47,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def single(llada_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("single") / "one.json"
@@ -53,7 +62,7 @@ def single(llada_dir, tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_lm_evals_protocol_gives_every_answer_and_likelihood_of_one_process(llada_dir, tmp_path):
+def test_lm_evals_protocol_gives_every_answer_and_likelihood_of_one_process(llada_dir, tmp_path, restore_threads):
     """lm-eval's own command line under torchrun, sampling with a seed: every answer and every
     log-likelihood it logs is what one process computes for the same request."""
     from lm_eval.api.instance import Instance
@@ -68,6 +77,9 @@ def test_lm_evals_protocol_gives_every_answer_and_likelihood_of_one_process(llad
     assert r.returncode == 0, r.stderr[-3000:]
     found = {p.name.split("_20")[0]: p for p in tmp_path.rglob("*.jsonl")}
     alone = FastdllmLM(**dict(kv.split("=") for kv in args.split(",")))
+    # each rank ran on its share of the cores (World.share_threads): float64 sums split over another
+    # thread count may differ in the last bit on some CPUs, so the single process uses the same count
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))
     for task, method in (("tiny_next_line", alone.generate_until), ("tiny_choice", alone.loglikelihood)):
         samples = sorted(map(json.loads, found[f"samples_{task}"].read_text().splitlines()), key=lambda x: x["doc_id"])
         assert [x["doc_id"] for x in samples] == [0, 1, 2]               # rank 0 has 0 and 2, rank 1 has 1
@@ -168,3 +180,28 @@ def test_bench_two_processes_merge_into_the_single_process_table(llada_dir, tmp_
     assert b[0]["processes"] == 2 and [x["prompts"] for x in b[0]["ranks"]] == [2, 1]
     assert sum(x["generated_tokens"] for x in b[0]["ranks"]) == b[0]["generated_tokens"]
     assert b[0]["seconds"] == pytest.approx(max(x["seconds"] for x in b[0]["ranks"]), abs=2e-4)
+
+
+BENCH = ["bench", "--dtype", "fp64", "--configs", "baseline", "-n", "8", "--block-len", "8", "--n-prompts", "2",
+         "--prompt-set", "code", "--warmup", "0", "-r", "1"]
+LAUNCHERS = {
+    "num-processes": lambda out: fastdllm(*BENCH, "--output", out, "--num-processes", "2"),
+    "torchrun": lambda out: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "fastdllm", *BENCH, "--output", str(out)],
+    "accelerate": lambda out: [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                               "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                               "--main_process_port", str(free_port()), "-m", "fastdllm", *BENCH, "--output", str(out)],
+}
+
+
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_launcher_runs_from_the_checkout_root_and_from_elsewhere(launcher, where, llada_dir, tmp_path):
+    """`-m fastdllm` under torchrun and accelerate, and --num-processes (whose processes run the
+    parent's own package): in the repository root, where `python -m` finds the checkout's
+    `fastdllm/` folder first, and in any other directory. No traceback, two ranks, one table."""
+    out = tmp_path / "two.json"
+    r = run(LAUNCHERS[launcher](out) + ["-m", str(llada_dir)], cwd=ROOT if where == "root" else tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    assert records[0]["processes"] == 2 and [x["prompts"] for x in records[0]["ranks"]] == [1, 1]

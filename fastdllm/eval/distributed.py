@@ -22,6 +22,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UserError
@@ -155,8 +156,19 @@ def injected(world: World, name: str | None) -> None:
         raise RuntimeError(f"failure injected by {FAIL_ENV}")
 
 
+def same_package_main() -> str:
+    """`python -c` code that runs the `fastdllm` command from this very package: the folder holding
+    it goes first on sys.path (not the working directory, where `-m fastdllm` would import a source
+    checkout's `fastdllm/` while the parent runs an installed copy, or the reverse)."""
+    import fastdllm
+
+    home = str(Path(fastdllm.__file__).resolve().parent.parent)
+    return (f"import sys; sys.path[0] = {home!r}; sys.argv[0] = 'fastdllm'; "
+            "from fastdllm.cli.app import main; main()")
+
+
 def launch(processes: int, argv: list[str]) -> int:
-    """`--num-processes N`: run `python -m fastdllm ARGV` N times under torchrun's own machinery
+    """`--num-processes N`: run the `fastdllm` command (same_package_main) with ARGV N times under torchrun's own machinery
     (torch.distributed's elastic launch, as `torchrun --standalone --nproc-per-node N`); returns
     the exit code. Rank 0 reports a failure it saw in one line; where it could not (it was
     stopped, or a rank died outright), the first rank to fail is named here."""
@@ -171,7 +183,7 @@ def launch(processes: int, argv: list[str]) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
     try:
-        elastic_launch(config, sys.executable)("-m", "fastdllm", *argv)
+        elastic_launch(config, sys.executable)("-c", same_package_main(), *argv)
     except ChildFailedError as e:
         first = e.failures.get(0)
         if first is not None and first.exitcode > 0:
