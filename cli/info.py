@@ -9,7 +9,7 @@ import typer
 
 from fastdllm.checkpoints.locate import resolve_model_dir
 
-from .terminal import out_console, print_columns
+from .terminal import err_console, out_console, print_columns
 from .user_errors import user_errors
 
 
@@ -47,3 +47,5 @@ def info(
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
     rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
     print_columns(rows)
+    for warning in details["warnings"]:
+        err_console.print(f"warning: {warning}", style="yellow")

@@ -97,7 +97,7 @@ def test_errors_are_one_line_user_errors(llada_dir, tmp_path):
     d = _copy(llada_dir, tmp_path / "alibi")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(dict(cfg, alibi=True)))
-    cases.append((d, "not supported yet: alibi=True"))
+    cases.append((d, "config.json sets alibi=True (ALiBi attention biases); fastdllm's llada (LLaDAModelLM) does not implement it yet"))
     for path, message in cases:
         with pytest.raises(UserError, match=re.escape(message)) as err:
             loading.load(path)

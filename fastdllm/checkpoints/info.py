@@ -10,7 +10,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from .loading import family_of, load_tokenizer, read_config, special_tokens
+from .family import family_of, read_config
+from .loading import load_tokenizer, special_tokens
 
 BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1}
 
@@ -24,7 +25,7 @@ def shard_files(path: Path) -> list[Path]:
 
 def inspect_checkpoint(path: Path) -> dict:
     raw = read_config(path)
-    config, model_cls = family_of(raw, path)
+    config, model_cls, warnings = family_of(raw, path, refuse=False)     # info shows a refusal, as a warning
     shapes, dtypes = {}, Counter()
     for shard in shard_files(path):
         with safe_open(str(shard), "pt") as f:
@@ -43,6 +44,7 @@ def inspect_checkpoint(path: Path) -> dict:
         "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
         "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
         "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "warnings": warnings,
     }
 
 

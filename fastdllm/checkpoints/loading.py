@@ -17,6 +17,7 @@ import torch
 from .. import thread_watch
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
+from .family import family_of, read_config
 from .packed_experts import load_experts_apart
 from .placement import (
     BNB_ON_CPU_NOTE,
@@ -88,45 +89,6 @@ class LoadedModel:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def read_config(path: Path) -> dict:
-    if not path.is_dir():
-        raise UserError(f"model directory not found: {path}")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise UserError(f"{path} has no config.json; is it a checkpoint directory?")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {config_file}: {e}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{config_file} does not hold a JSON object")
-    return config
-
-
-def family_of(config: dict, path: Path):
-    """(the family's config built from config.json, its model class); one-line errors for an unknown
-    family, a malformed config or options beyond our code."""
-    from ..models import FAMILIES, NOT_YET
-
-    model_type = config.get("model_type")
-    if model_type not in FAMILIES:
-        known = ", ".join(FAMILIES)
-        what = f"{NOT_YET[model_type]} is not supported yet: " if model_type in NOT_YET else "unsupported "
-        raise UserError(f"{what}model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
-    families = FAMILIES[model_type]
-    declared = config.get("architectures") or list(families[0][2])
-    found = [(c, m) for c, m, architectures in families if set(declared) & set(architectures)]
-    if not found:
-        supported = ", ".join(a for _, _, architectures in families for a in architectures)
-        raise UserError(f"unsupported architecture {declared} for model_type {model_type!r} (supported: {supported})")
-    built = found[0][0].from_dict(config)
-    if problems := getattr(built, "malformed", list)():       # the MoE families check their keys
-        raise UserError(f"malformed {path / 'config.json'}: {'; '.join(problems)}")
-    if problems := built.unsupported():
-        raise UserError(f"{path.name}: architecture options not supported yet: {', '.join(problems)}")
-    return built, found[0][1]
-
-
 def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none",
          pack_weights: bool = True) -> LoadedModel:
     """`pack_weights=False` keeps plain weight layouts on CPU (the packed ones give identical
@@ -137,7 +99,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
             raise UsageError(problem)
     path = Path(path).expanduser()
     raw = read_config(path)
-    config, model_cls = family_of(raw, path)
+    config, model_cls, notes = family_of(raw, path)
     _check_weights(path)
     tokenizer = load_tokenizer(path)
     torch_dtype, device_map = torch_placement(dtype, device, quantize)
@@ -170,7 +132,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
     specials = special_tokens(raw, tokenizer, path, model_cls)
     loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
-                         torch_dtype, quantize, time.perf_counter() - start, thought=thought_markers(tokenizer))
+                         torch_dtype, quantize, time.perf_counter() - start, thought=thought_markers(tokenizer),
+                         notes=notes)
     model.parameters_before_quantization = parameters
     loaded.info = describe(loaded)
     if loaded.device.type == "cpu":      # the CLI's thread count follows the free cores (thread_watch.py):

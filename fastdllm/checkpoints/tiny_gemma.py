@@ -48,16 +48,29 @@ CHAT_TEMPLATE = (
     "{%- endif -%}")
 
 
-def write_diffusion_gemma(out: Path, *, vocab_size=512, hidden_size=32, intermediate_size=48,
-                          layer_types=("sliding_attention", "sliding_attention", "full_attention"),
-                          num_attention_heads=2, num_key_value_heads=2, head_dim=16, global_head_dim=32,
-                          num_global_key_value_heads=1, sliding_window=8, num_experts=4, top_k_experts=2,
-                          moe_intermediate_size=16, canvas_length=16, max_denoising_steps=48, seed=0,
-                          init_std=0.4, embed_std=0.2, dtype=torch.bfloat16) -> Path:
-    """A tiny checkpoint; defaults exercise both layer kinds (sliding with 2 KV heads, full with one:
-    k_eq_v and GQA), proportional RoPE, the experts, a sliding window shorter than the prompts."""
+def write_diffusion_gemma(out: Path, *, max_denoising_steps=48, seed=0, init_std=0.4, embed_std=0.2,
+                          dtype=torch.bfloat16, **sizes) -> Path:
+    """A tiny checkpoint (gemma_config's `sizes`); defaults exercise both layer kinds (sliding with 2
+    KV heads, full with one: k_eq_v and GQA), proportional RoPE, the experts, a sliding window
+    shorter than the prompts."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    config = gemma_config(**sizes, dtype=str(dtype).removeprefix("torch."))
+    _dump(out / "config.json", config)
+    _dump(out / "generation_config.json", {**GENERATION, "max_denoising_steps": max_denoising_steps,
+                                           "transformers_version": "5.8.0.dev0"})
+    weights = _weights(config, seed, init_std, embed_std)
+    save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    _tokenizer(out, config["text_config"]["vocab_size"])
+    return out
+
+
+def gemma_config(*, vocab_size=512, hidden_size=32, intermediate_size=48,
+                 layer_types=("sliding_attention", "sliding_attention", "full_attention"), num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, sliding_window=8,
+                 num_experts=4, top_k_experts=2, moe_intermediate_size=16, canvas_length=16, dtype="bfloat16") -> dict:
+    """config.json in the published layout (root keys, text_config, a small vision_config) at these sizes."""
     text = {
         "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": 1,
         "final_logit_softcapping": 30.0, "global_head_dim": global_head_dim, "head_dim": head_dim,
@@ -76,18 +89,11 @@ def write_diffusion_gemma(out: Path, *, vocab_size=512, hidden_size=32, intermed
               "num_key_value_heads": 2, "head_dim": 8, "model_type": "gemma4_vision", "patch_size": 16,
               "position_embedding_size": 16}
     config = {"architectures": ["DiffusionGemmaForBlockDiffusion"], "boi_token_id": 255999,
-              "canvas_length": canvas_length, "dtype": str(dtype).removeprefix("torch."), "eoi_token_id": 258882,
+              "canvas_length": canvas_length, "dtype": dtype, "eoi_token_id": 258882,
               "eos_token_id": [1, 106], "image_token_id": 258880, "initializer_range": 0.02,
               "model_type": "diffusion_gemma", "text_config": text, "tie_word_embeddings": True,
               "transformers_version": "5.8.0.dev0", "vision_config": vision}
-    _dump(out / "config.json", config)
-    _dump(out / "generation_config.json", {**GENERATION, "max_denoising_steps": max_denoising_steps,
-                                           "transformers_version": "5.8.0.dev0"})
-    weights = _weights(config, seed, init_std, embed_std)
-    save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    _tokenizer(out, vocab_size)
-    return out
+    return config
 
 
 def _weights(config: dict, seed: int, std: float, embed_std: float) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention
 from .base import DiffusionLM
+from .config_guard import REQUIRED, Switch, number
 from .gemma_layers import (
     GemmaLayer,
     GemmaRMSNorm,
@@ -36,6 +37,17 @@ TEXT_KEYS = dict(vocab_size=262_144, hidden_size=2304, intermediate_size=9216, n
                  num_experts=None, top_k_experts=None, moe_intermediate_size=None)
 DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+
+
+def positive_int(value, raw) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def plain_rope(value, raw) -> bool:
+    """rope_parameters per layer kind: the default RoPE or transformers' proportional one, unscaled."""
+    return value is None or isinstance(value, dict) and all(
+        isinstance(rope, dict) and rope.get("rope_type") in ("default", "proportional") and rope.get("factor", 1.0) == 1.0
+        for rope in value.values())
 
 
 class DiffusionGemmaConfig(PretrainedConfig):
@@ -71,22 +83,31 @@ class DiffusionGemmaConfig(PretrainedConfig):
     def kv_heads(self, layer: int) -> int:
         return self.layer_overrides.get(layer, {}).get("num_key_value_heads", self.num_key_value_heads)
 
-    def unsupported(self) -> list[str]:
-        found = []
-        if self.hidden_activation != "gelu_pytorch_tanh":
-            found.append(f"hidden_activation={self.hidden_activation!r}")
-        if self.attention_bias:
-            found.append("attention_bias=True")
-        if self.use_bidirectional_attention == "all":
-            found.append("use_bidirectional_attention='all'")
-        if not (self.num_experts and self.top_k_experts and self.moe_intermediate_size):
-            found.append("a text_config without experts (num_experts, top_k_experts, moe_intermediate_size)")
-        for kind, rope in self.rope_parameters.items():
-            if rope.get("rope_type") not in ("default", "proportional") or rope.get("factor", 1.0) != 1.0:
-                found.append(f"rope_parameters[{kind!r}]={rope}")
-        if not self.final_logit_softcapping:
-            found.append("final_logit_softcapping=None")
-        return found
+    # docs/config-guard.md 9: transformers' DiffusionGemma classes, and the Gemma-4 switches its code
+    # does not read (a checkpoint that sets them is a variant even transformers would run wrongly)
+    switches = (
+        Switch("text_config.hidden_activation", ("gelu_pytorch_tanh",), "another activation"),
+        Switch("text_config.attention_bias", (False, None), "biases on q, k, v and o"),
+        Switch("text_config.use_bidirectional_attention", (None, "vision"), "a bidirectional encoder"),
+        Switch("text_config.num_experts", positive_int, "a text model without experts", REQUIRED),
+        Switch("text_config.top_k_experts", positive_int, "a text model without experts", REQUIRED),
+        Switch("text_config.moe_intermediate_size", positive_int, "a text model without experts", REQUIRED),
+        Switch("text_config.rope_parameters", plain_rope, "a scaled rotary embedding"),
+        Switch("text_config.final_logit_softcapping", number, "logits without soft-capping"),
+        Switch("tie_word_embeddings", (True, None), "a head of its own (lm_head)"),
+        Switch("text_config.attention_k_eq_v", (True, None), "full layers with their own values"),
+        Switch("text_config.enable_moe_block", (True, None), "layers without experts"),
+        Switch("text_config.num_kv_shared_layers", (0, None), "layers sharing keys and values"),
+        Switch("text_config.hidden_size_per_layer_input", (0, None), "per-layer input embeddings"),
+        Switch("text_config.use_double_wide_mlp", (False, None), "double-wide MLPs"),
+        Switch("text_config.attn_logit_softcapping", (None,), "soft-capped attention logits"),
+    )
+    nested = ("text_config",)
+    reads = {"canvas_length", "image_token_id", "eos_token_id", "pad_token_id", "bos_token_id",
+             *(f"text_config.{key}" for key in TEXT_KEYS), "text_config.per_layer_config"}
+    harmless = {"boi_token_id", "eoi_token_id", "vision_config", "text_config.attention_dropout",
+                "text_config.initializer_range", "text_config.model_type", "text_config.dtype",
+                "text_config.vocab_size_per_layer_input", "text_config.tie_word_embeddings"}
 
 
 class DiffusionGemmaForBlockDiffusion(DiffusionLM):

@@ -13,7 +13,8 @@ class DreamConfig(QwenConfig):
     model_type = "Dream"
     family_defaults = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072,
-                           rope_theta=1000000.0, mask_token_id=151666)
+                           mask_token_id=151666)
+    harmless = {*QwenConfig.harmless, "use_mrope"}              # not a key of the authors' DreamConfig
 
 
 class DreamModel(QwenLM):

@@ -9,13 +9,22 @@ key in config.json: the mask is the tokenizer's `|<MASK>|` token."""
 from __future__ import annotations
 
 from .attention import Attention
+from .config_guard import Switch
 from .qwen import QwenConfig, QwenLM
+
+
+def full_attention_only(value, raw) -> bool:
+    return isinstance(value, list) and all(kind == "full_attention" for kind in value)
 
 
 class FastDLLMQwenConfig(QwenConfig):
     model_type = "Fast_dLLM_Qwen"
     family_defaults = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                           num_attention_heads=28, num_key_value_heads=4, rope_theta=1000000.0)
+                           num_attention_heads=28, num_key_value_heads=4)
+    # layer_types: the authors' inference ignores a window there too; refused rather than guessed
+    switches = (*QwenConfig.switches, Switch("layer_types", full_attention_only, "sliding-window layers"))
+    reads = {*QwenConfig.reads, "bd_size"}
+    harmless = {*QwenConfig.harmless, "conplemenrary_mask"}     # (sic) never read by the authors' code
 
 
 class FastDLLMQwenForCausalLM(QwenLM):

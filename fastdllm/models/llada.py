@@ -7,6 +7,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .base import DiffusionLM
+from .config_guard import Switch
 from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
 
 
@@ -16,7 +17,7 @@ class LLaDAConfig(PretrainedConfig):
                      "num_attention_heads": "n_heads", "max_position_embeddings": "max_sequence_length"}
 
     def __init__(self, d_model=4096, n_heads=32, n_kv_heads=None, n_layers=32, mlp_hidden_size=12288,
-                 vocab_size=126464, embedding_size=126464, max_sequence_length=4096, rope_theta=500000.0,
+                 vocab_size=126464, embedding_size=126464, max_sequence_length=4096, rope_theta=10000.0,
                  rms_norm_eps=1e-5, mask_token_id=126336, weight_tying=False, include_bias=False,
                  include_qkv_bias=False, activation_type="silu", block_type="llama", layer_norm_type="rms",
                  rope=True, alibi=False, attention_layer_norm=False, scale_logits=False,
@@ -33,12 +34,31 @@ class LLaDAConfig(PretrainedConfig):
         kwargs.setdefault("tie_word_embeddings", False)  # tying is LLaDA's own `weight_tying` key
         super().__init__(**kwargs)
 
-    def unsupported(self) -> list[str]:
-        """Architecture options of the LLaDA code base this implementation does not cover."""
-        wanted = {"block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms", "rope": True,
-                  "alibi": False, "attention_layer_norm": False, "scale_logits": False,
-                  "input_emb_norm": False, "include_bias": False}
-        return [f"{k}={getattr(self, k)!r}" for k, v in wanted.items() if getattr(self, k) != v]
+    # The authors' ModelConfig (OLMo's, in LLaDA's modeling_llada.py): its switches, with its own
+    # defaults for a config.json that omits them (docs/config-guard.md 1)
+    switches = (
+        Switch("block_type", ("llama",), "OLMo's other blocks: fused projections, another MLP", "sequential"),
+        Switch("activation_type", ("silu",), "another MLP activation", "swiglu"),
+        Switch("layer_norm_type", ("rms",), "LayerNorm or Gemma's RMSNorm instead of RMSNorm", "default"),
+        Switch("layer_norm_with_affine", (True,), "norms without a weight", True),
+        Switch("bias_for_layer_norm", (False, None), "biases on the norms", None),
+        Switch("include_bias", (False,), "biases on every linear", False),
+        Switch("rope", (True,), "no rotary embedding", False),
+        Switch("alibi", (False,), "ALiBi attention biases", False),
+        Switch("attention_layer_norm", (False,), "a LayerNorm over q and k", False),
+        Switch("scale_logits", (False,), "logits scaled by 1/sqrt(d_model)", False),
+        Switch("input_emb_norm", (False,), "embeddings scaled by sqrt(d_model)", False),
+        Switch("multi_query_attention", (False, None), "one key/value head", None),
+        Switch("block_group_size", (1,), "blocks in groups", 1),
+        Switch("rope_full_precision", (True,), "rotary embedding in the activations' dtype", True),
+        Switch("tie_word_embeddings", (False, None), "a head tied by transformers (LLaDA ties by weight_tying)"),
+    )
+    reads = {"d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "vocab_size", "embedding_size",
+             "max_sequence_length", "rope_theta", "rms_norm_eps", "mask_token_id", "weight_tying", "include_qkv_bias",
+             "eos_token_id", "pad_token_id", "bos_token_id"}
+    harmless = {"alibi_bias_max", "attention_layer_norm_with_affine", "flash_attention", "residual_dropout",
+                "embedding_dropout", "init_device", "init_fn", "init_std", "init_cutoff_factor", "precision",
+                "mlp_ratio"}
 
 
 class LLaDABlock(nn.Module):

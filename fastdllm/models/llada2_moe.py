@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from .attention import Attention
 from .base import DecoderStack
+from .config_guard import Switch
 from .layers import RMSNorm, self_attention, take_rows
 from .moe import Routing, SparseMoE, SwiGLU
 
@@ -26,6 +27,14 @@ LLADA2_KEYS = dict(vocab_size=30592, hidden_size=1024, intermediate_size=None, n
                    first_k_dense_replace=0, routed_scaling_factor=2.5, moe_intermediate_size=None,
                    use_qkv_bias=False, use_bias=True, use_qk_norm=True, norm_head=False, mask_token_id=None,
                    initializer_range=0.02)
+
+
+def rotary_dims_agree(value, raw) -> bool:
+    """rotary_dim (read by SGLang only where partial_rotary_factor is absent) must say the same."""
+    heads = raw.get("num_attention_heads") or LLADA2_KEYS["num_attention_heads"]
+    head_dim = raw.get("head_dim") or (raw.get("hidden_size") or LLADA2_KEYS["hidden_size"]) // heads
+    fraction = raw.get("partial_rotary_factor", LLADA2_KEYS["partial_rotary_factor"])
+    return value is None or value == int(head_dim * fraction)
 
 
 class LLaDA2MoeConfig(PretrainedConfig):
@@ -48,9 +57,29 @@ class LLaDA2MoeConfig(PretrainedConfig):
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts is not None and layer >= self.first_k_dense_replace
 
-    def unsupported(self) -> list[str]:
-        found = [f"rope_scaling={self.scaled_rope!r}"] if self.scaled_rope else []
-        return found + (["norm_head=True"] if self.norm_head else [])
+    # docs/config-guard.md 7: the checkpoint's modeling_llada2_moe.py, dInfer's and SGLang's ports, and
+    # LLaDA2.2's additions (SGLang's block routing and InDel decoder)
+    switches = (
+        Switch("expert_capacity", (None,), "LLaDA2.2's block routing: each block keeps expert_capacity experts"),
+        Switch("block_size", (None, 32), "a routing block other than the attention's 32"),
+        Switch("delete_token_id", (None,), "LLaDA2.2's insert/delete editing"),
+        Switch("split_token_id", (None,), "LLaDA2.2's insert/delete editing"),
+        Switch("rope_scaling", (None,), "a scaled rotary embedding (transformers' rope_type)"),
+        Switch("hidden_act", ("silu",), "another activation in every MLP"),
+        Switch("norm_head", (False, None), "an L2-normalised head (SGLang)"),
+        Switch("score_function", ("sigmoid", None), "softmax router scores (SGLang)"),
+        Switch("router_dtype", ("fp32", None), "router logits in bf16 (SGLang)"),
+        Switch("norm_topk_prob", (True, None), "expert weights not renormalised (SGLang)"),
+        Switch("moe_router_enable_expert_bias", (True, None), "no expert bias (SGLang)"),
+        Switch("rotary_dim", rotary_dims_agree, "a rotary width other than head_dim * partial_rotary_factor"),
+        Switch("use_sliding_window", (False, None), "sliding-window attention"),
+        Switch("using_split_qkv_in_self_attention", (False, None), "separate q, k, v projections"),
+        Switch("moe_shared_expert_intermediate_size", (None,), "a shared expert of its own size (SGLang)"),
+    )
+    reads = {*LLADA2_KEYS, "tie_word_embeddings", "eos_token_id", "pad_token_id", "bos_token_id"}
+    # sliding_window: passed to attention only under flash-attention-2, which the block loop never uses
+    harmless = {"embedding_dropout", "output_dropout", "output_router_logits", "max_window_layers",
+                "norm_softmax", "use_rmsnorm", "sliding_window"}
 
     def malformed(self) -> list[str]:
         if not self.num_key_value_heads:
@@ -128,4 +157,6 @@ class BailingMoeV2Config(LLaDA2MoeConfig):
     model_type = "bailing_moe_v2"
 
     def __init__(self, **kwargs):
+        # use_qk_norm: dInfer's class says False, but its modeling applies the norms whatever the key
+        # says (the test is commented out): absent means on, as in the checkpoint's own code
         super().__init__(**kwargs)

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .base import DecoderStack
+from .config_guard import Switch
 from .layers import RMSNorm, fuse_linears
 from .moe import Routing, SparseMoE, SwiGLU
 from .qwen import attention_residual
@@ -47,15 +48,21 @@ class LLaDAMoEConfig(PretrainedConfig):
     def is_sparse(self, layer: int) -> bool:
         return bool(self.moe_layer_freq[layer])
 
-    def unsupported(self) -> list[str]:
-        """Values the reference ignores but whose intent it cannot honour: refused, not diverged from."""
-        found = [f"{key}={getattr(self, key)!r}" for key, ok in [
-            ("hidden_act", self.hidden_act == "silu"), ("clip_qkv", self.clip_qkv is None),
-            ("routed_scaling_factor", self.routed_scaling_factor in (None, 1)),
-            ("router_num_group", self.router_num_group in _UNSET_GROUP),
-            ("router_topk_group", self.router_topk_group in _UNSET_GROUP),
-            ("moe_router_score_function", self.moe_router_score_function in (None, "softmax"))] if not ok]
-        return found + ([f"rope_scaling={self.scaled_rope!r}"] if self.scaled_rope else [])
+    # The checkpoint's configuration_lladamoe.py / modeling_lladamoe.py (docs/config-guard.md 2). The
+    # last four the reference ignores, but their intent it cannot honour: refused, not diverged from.
+    switches = (
+        Switch("hidden_act", ("silu",), "another activation in every MLP"),
+        Switch("clip_qkv", (None,), "q, k and v clamped"),
+        Switch("rope_scaling", (None,), "a scaled rotary embedding (transformers' rope_type)"),
+        Switch("routed_scaling_factor", (None, 1), "scaled expert weights"),
+        Switch("router_num_group", _UNSET_GROUP, "group-limited routing"),
+        Switch("router_topk_group", _UNSET_GROUP, "group-limited routing"),
+        Switch("moe_router_score_function", (None, "softmax"), "another router score"),
+    )
+    reads = {*REQUIRED, *OPTIONAL, "tie_word_embeddings", "head_dim", "eos_token_id", "pad_token_id",
+             "bos_token_id"} - {"clip_qkv", "routed_scaling_factor", "router_num_group", "router_topk_group",
+                                "moe_router_score_function"}
+    harmless = {"router_aux_loss_coef", "output_router_logits"}
 
     def malformed(self) -> list[str]:
         missing = [key for key in REQUIRED if getattr(self, key) in (None, -1)]

@@ -12,6 +12,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from .base import DecoderStack
+from .config_guard import Switch
 from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
 
 QWEN_KEYS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
@@ -41,15 +42,15 @@ class QwenConfig(PretrainedConfig):
             cls.__init__ = QwenConfig.__init__
         super().__init_subclass__(**kwargs)
 
-    def unsupported(self) -> list[str]:
-        found = []
-        if self.hidden_act != "silu":
-            found.append(f"hidden_act={self.hidden_act!r}")
-        if self.scaled_rope:
-            found.append(f"rope_scaling={self.scaled_rope!r}")
-        if getattr(self, "use_sliding_window", False):
-            found.append("use_sliding_window=True")
-        return found
+    # Qwen2 / Qwen3's switches (docs/config-guard.md): the families add theirs
+    switches = (
+        Switch("hidden_act", ("silu",), "another MLP activation"),
+        Switch("rope_scaling", (None, False), "a scaled rotary embedding (transformers' rope_type)"),
+        # no author applies a window (their attention ignores it); refused rather than guessed
+        Switch("use_sliding_window", (False, None), "sliding-window attention"),
+    )
+    reads = {*QWEN_KEYS, "tie_word_embeddings", "eos_token_id", "pad_token_id", "bos_token_id"}
+    harmless = {"sliding_window", "max_window_layers"}       # read only with use_sliding_window
 
 
 def head_dim_of(cfg) -> int:

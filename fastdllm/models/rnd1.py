@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from .sdar import SDARConfig
 from .sdar_moe import Qwen3MoeStack, SDARMoeConfig
 
 # The authors' constants (configuration_rnd.py): sizes, used where config.json omits a key.
@@ -32,6 +33,11 @@ MASK_ID = 151669                  # config.json's mask_token_id; the Qwen3 token
 class RND1Config(SDARMoeConfig):
     model_type = "rnd1"
     family_defaults: ClassVar[dict] = {**RND1_SIZES, **RND1_FORCED, "mask_token_id": MASK_ID}
+    # docs/config-guard.md 8: every other key its configuration class overwrites (RND1_FORCED: refused
+    # when they disagree, see malformed); moe_backend picks kernels of the same math
+    switches = SDARConfig.switches
+    reads = {*SDARMoeConfig.reads, *RND1_SIZES, *RND1_FORCED, "num_diffusion_steps"}
+    harmless = {*SDARMoeConfig.harmless, "moe_backend", "is_causal"}
 
     def malformed(self) -> list[str]:
         forced = [f"{key} {getattr(self, key)!r} (RND1's configuration class always uses {value!r})"

@@ -9,16 +9,21 @@ its own hidden state. The mask is `mask_token_id` when the config has it, else t
 from __future__ import annotations
 
 from .attention import Attention
+from .config_guard import Switch
 from .qwen import QwenConfig, QwenLM
 
 
 class SDARConfig(QwenConfig):
     model_type = "sdar"
     family_defaults = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                           num_key_value_heads=8, head_dim=128, rope_theta=1000000.0)
+                           num_key_value_heads=8, head_dim=128)
 
-    def unsupported(self) -> list[str]:
-        return super().unsupported() + (["attention_bias=True"] if getattr(self, "attention_bias", False) else [])
+    switches = (*QwenConfig.switches, Switch("attention_bias", (False, None), "biases on q, k, v and o"))
+    # block_size: the attention block (the authors' code reads it for training; their generate's default 4)
+    reads = {*QwenConfig.reads, "block_size"}
+    # fuse_cross_entropy: training only; the rest is never read by the authors' modeling code
+    harmless = {*QwenConfig.harmless, "fuse_cross_entropy", "micro_forward", "debug", "skip_checkpoint",
+                "use_deepep", "ep_size"}
 
 
 class SDARForCausalLM(QwenLM):

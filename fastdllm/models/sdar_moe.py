@@ -21,7 +21,7 @@ from .sdar import SDARConfig, SDARForCausalLM
 # Used only where a config.json omits the key: the published SDAR-30B-A3B-Chat values for the sizes,
 # Qwen3-MoE's configuration class defaults for the switches (norm_topk_prob False, no dense layers).
 SDAR_MOE_DEFAULTS = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
-                     "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0,
+                     "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
                      "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                      "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": None}
 
@@ -29,6 +29,10 @@ SDAR_MOE_DEFAULTS = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden
 class SDARMoeConfig(SDARConfig):
     model_type = "sdar_moe"
     family_defaults = SDAR_MOE_DEFAULTS
+    # norm_topk_prob, decoder_sparse_step and mlp_only_layers are read as Qwen3-MoE reads them
+    # (docs/sdar-moe.md 6: the engines disagree where the published config does not ask)
+    reads = {*SDARConfig.reads, *SDAR_MOE_DEFAULTS}
+    harmless = {*SDARConfig.harmless, "output_router_logits", "router_aux_loss_coef"}
 
     @property
     def routing(self) -> Routing:
