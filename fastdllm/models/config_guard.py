@@ -7,7 +7,7 @@ that change nothing at inference (`harmless`: metadata, training-only settings).
 that sets a switch to a value fastdllm does not implement is refused before any weight is read, in
 one line naming the key and the family; `info` shows the same line as a warning. A key in none of
 the three lists is not refused (it may be harmless) but named in a note: fastdllm cannot vouch for
-what it does. Torch-free.
+what it does.
 """
 
 from __future__ import annotations
