@@ -8,7 +8,10 @@ NaiveLM (weights read from the checkpoint files, float64); the credit is a plain
 updated position by position in Python loops; confidences come from a float64 softmax over the whole
 vocabulary; the commit rule loops over rows.
 
-Block loop (theirs, batch 1, temperature 0): blocks of `block_length` from the prompt's end; a block
+Block loop (theirs, batch 1, temperature 0): blocks of `block_length` from the prompt's end (their
+library's default), or with `grid` from (P // block_length) * block_length, the first block holding
+the prompt's tail and the last one cut at the answer's end (`BlockIteratorFactory(start_block_align=True)`,
+as their benchmark and evaluation scripts build it, `BlockIterator.__next__` at fce4e32); a block
 is decoded while it has a mask; with a cache, the block's first call decides on the logits of the
 refresh forward over the whole canvas (their `require_update` at block entry), every later one on
 the cached forward (prefix: the block and everything after it; dual: the block alone); without a
@@ -72,16 +75,17 @@ def threshold_decide(fused, masked, threshold, mask_id, ban_mask=True):
 
 
 def credit_generate(lm, prompt, *, cache, gen_length, block_length, threshold, mask_id, alpha=0.7, gamma=0.2,
-                    beta=0.8, ban_mask=True, record=None):
+                    beta=0.8, ban_mask=True, record=None, grid=False):
     """cache in {"none", "prefix", "dual"}; prompt (B, P). Returns (canvas (B, P+G), nfe). `record`
     (a list) gets, per step, the sorted [row, canvas position, token] of every commit."""
     net = NaiveLM(lm)
     B, P = prompt.shape
     x = torch.full((B, P + gen_length), mask_id, dtype=torch.long)
     x[:, :P] = prompt
-    nfe = 0
-    for b in range(gen_length // block_length):
-        s, e = P + b * block_length, P + (b + 1) * block_length
+    nfe, total = 0, P + gen_length
+    first = P // block_length * block_length if grid else P
+    for s in range(first, total, block_length):
+        e = min(s + block_length, total)
         credit, calls, past = None, 0, None
         while (x[:, s:e] == mask_id).any():
             if cache == "none" or calls == 0:                        # the refresh at block entry
@@ -90,7 +94,7 @@ def credit_generate(lm, prompt, *, cache, gen_length, block_length, threshold, m
                 block_logits = logits[:, s:e]
             elif cache == "prefix":
                 logits, _ = net.forward(x[:, s:], offset=s, past=[(k[:, :, :s], v[:, :, :s]) for k, v in past])
-                block_logits = logits[:, :block_length]
+                block_logits = logits[:, :e - s]
             else:
                 logits, past = net.forward(x[:, s:e], offset=s, past=past, replace=(s, e))
                 block_logits = logits

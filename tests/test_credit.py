@@ -159,18 +159,21 @@ def prompt_of(lm, boundary):
         if boundary else prompt
 
 
+@pytest.mark.parametrize("align", ["prompt", "grid"])
 @pytest.mark.parametrize("threshold", [0.8, 0.95])
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 @pytest.mark.parametrize("fixture, boundary", [("llada64", False), ("llada64", True), ("llada64_heavy_mask", False)])
-def test_step_by_step_equal_to_dinfers_credit_decoder(fixture, boundary, cache, threshold, request):
+def test_step_by_step_equal_to_dinfers_credit_decoder(fixture, boundary, cache, threshold, align, request):
     """The prefix/dual caches refresh at block entry and decide on that forward (theirs); no cache
-    runs the whole canvas every step. Same commits (positions and tokens) per step, same NFE."""
+    runs the whole canvas every step. Same commits (positions and tokens) per step, same NFE; blocks
+    from the prompt's end (their library's default) and on the grid (their evaluation scripts'),
+    prompts on and off the grid."""
     lm = request.getfixturevalue(fixture)
     prompt = prompt_of(lm, boundary)
     assert (len(prompt) % 16 == 0) == boundary
-    cfg = credit_cfg(cache, threshold)
+    cfg = credit_cfg(cache, threshold, block_align=align)
     our_steps, result = ours(lm, prompt, cfg)
-    ref_steps, ref_canvas, ref_nfe = theirs(lm, prompt, cfg)
+    ref_steps, ref_canvas, ref_nfe = theirs(lm, prompt, cfg, grid=align == "grid")
     assert result.nfe == ref_nfe == len(our_steps)
     assert our_steps == ref_steps
     assert result.canvas[0].tolist() == ref_canvas.tolist()
@@ -232,14 +235,24 @@ def row_steps(events, row):
     return out
 
 
+def test_the_grid_changes_only_a_prompt_off_it(llada64):
+    """What makes the grid rows above mean something: off the grid the first block holds the
+    prompt's tail and the commits differ from step 0; on it the two layouts are one."""
+    for boundary, same in ((False, False), (True, True)):
+        prompt = prompt_of(llada64, boundary)
+        a, b = (ours(llada64, prompt, credit_cfg("dual", 0.8, block_align=align))[0] for align in ("prompt", "grid"))
+        assert (a == b) is same and (a[0] == b[0]) is same
+
+
+@pytest.mark.parametrize("align", ["prompt", "grid"])
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
-def test_left_padded_batch_equals_its_rows(llada64, cache):
+def test_left_padded_batch_equals_its_rows(llada64, cache, align):
     """Credit is per row: a left-padded batch commits, row by row, what each row commits alone,
     also where rows finish a block at different steps (dInfer's select_undecoded, which would
     reshape a shared matrix, is not needed: a finished row gains nothing and is never read again)."""
     prompts = [llada64.encode(p, chat=True) for p in PROMPTS]
     assert len({len(p) for p in prompts}) == 3
-    cfg = credit_cfg(cache, 0.8)
+    cfg = credit_cfg(cache, 0.8, block_align=align)
     batch = list(generate(llada64.decoder, prompts, cfg))
     result = batch[-1]
     finish = set()                                       # (block, step at which each row's block filled)

@@ -30,7 +30,7 @@ ACCELERATORS = [
     ("credit", "credit", {"cache": "none"}, "CreditDecoding alone: dInfer's threshold 0.8 on credited logits, no cache"),
     ("dual+dinfer", "credit", {"credit": False}, "dInfer's threshold 0.8 on DualCache without credit (credit's reference)"),
     ("dual+credit", "credit", {}, "CreditDecoding as dInfer runs it (DualCache, blocks of 64)"),
-    ("dual+parallel+credit", "credit", {**PARALLEL, "block_len": 32},
+    ("dual+parallel+credit", "credit", {**PARALLEL, "block_len": 32, "block_align": "none"},
      "credit under Fast-dLLM's threshold 0.9 and blocks of 32 (beside dual+parallel)"),
     ("prophet", "prophet", {}, "Prophet alone, as their eval runs it (no cache, one token a step)"),
     ("dual+parallel+prophet", "dual-prophet", {}, "Prophet tested at each block's refresh, DualCache + threshold 0.9"),

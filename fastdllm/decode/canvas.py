@@ -13,6 +13,11 @@ the slots after that are padding it never decodes.
   Rows are left-padded by whole blocks so that their first decoded blocks (each holding its
   prompt's tail) coincide; everything before that is prefilled once. Finished blocks are final, so
   a row is the same whether decoded alone or in a batch.
+- bidirectional on the grid (`block_align grid`, dInfer's evaluation scripts): each row's first
+  block starts at the multiple of block_len at or before its prompt's end, in the row's own
+  positions, so it holds the prompt's tail; the masks follow the prompt, gen_len of them, and the
+  last block ends with them (it may be shorter). Rows are left-padded by whole blocks, as
+  block-causal rows are, so that a row decodes as it would alone.
 - infilling (plan_infill, bidirectional only): one row of text with holes anywhere; the blocks run
   over the masked positions only, `block_len` of them at a time in canvas order (a block may span
   several short holes, with the text between them inside its span but never a candidate).
@@ -51,29 +56,39 @@ def plan(prompts: list[list[int]], cfg, *, mask: int, pad: int, causal: bool, co
     if any((g % cfg.block_len and not causal) or not 0 < g <= cfg.gen_len for g in gen_lens):
         raise ValueError(f"gen_lens {gen_lens}: at most gen_len {cfg.gen_len}, whole blocks of {cfg.block_len} "
                          f"unless block-causal (its rows end at the end of a block anyway)")
-    T = length([len(p) for p in prompts], gen_lens, cfg.block_len, causal)
+    if causal and cfg.block_align == "prompt":
+        raise UserError("block_align prompt: block-causal attention decodes the blocks of its own grid, from the "
+                        "row's first token (leave block_align unset)")
+    grid = on_grid(cfg, causal)
+    T = length([len(p) for p in prompts], gen_lens, cfg.block_len, causal, grid)
     if T > context_length:
         longest = max(len(p) for p in prompts)
         raise UserError(f"prompt ({longest} tokens) + gen_len ({cfg.gen_len}) = {longest + cfg.gen_len} exceeds "
                         f"the model's context of {context_length} tokens")
-    return (_block_causal if causal else _left_padded)(prompts, gen_lens, cfg, mask, pad, T)
+    return (_block_causal if causal else _on_grid if grid else _left_padded)(prompts, gen_lens, cfg, mask, pad, T)
 
 
-def length(prompt_lens: list[int], gen_lens: list[int], block: int, causal: bool) -> int:
+def on_grid(cfg, causal: bool) -> bool:
+    """Blocks start on the grid of block_len from each row's first token."""
+    return causal or cfg.block_align == "grid"
+
+
+def length(prompt_lens: list[int], gen_lens: list[int], block: int, causal: bool, grid: bool = False) -> int:
     """The canvas length T of a batch (what must fit the model's context)."""
-    if not causal:
+    if not (causal or grid):
         return max(prompt_lens) + max(gen_lens)
     first = max(n // block * block for n in prompt_lens)            # the shared first decoded block
-    return max(first - n // block * block + block_end(n + g, block) for n, g in zip(prompt_lens, gen_lens))
+    end = (lambda n: block_end(n, block)) if causal else (lambda n: n)   # grid: the answer's end
+    return max(first - n // block * block + end(n + g) for n, g in zip(prompt_lens, gen_lens))
 
 
 def geometry(prompt_len: int, cfg, causal: bool) -> tuple[int, int]:
     """(width, offset) of one row's generated region: its length, and how far its first block starts
-    before it (block-causal: the prompt tail shares the first block)."""
-    if not causal:
-        return cfg.gen_len, 0
+    before it (on the grid the prompt tail shares the first block)."""
     B = cfg.block_len
-    return block_end(prompt_len + cfg.gen_len, B) - prompt_len, prompt_len % B
+    if not on_grid(cfg, causal):
+        return cfg.gen_len, 0
+    return (block_end(prompt_len + cfg.gen_len, B) - prompt_len if causal else cfg.gen_len), prompt_len % B
 
 
 def block_end(n: int, block: int) -> int:
@@ -92,6 +107,23 @@ def _left_padded(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas:
     blocks = [(P + b * cfg.block_len, P + (b + 1) * cfg.block_len) for b in range((T - P) // cfg.block_len)]
     ends = [P + g for g in gen_lens]
     return Canvas(host, valid, [P] * len(prompts), ends, T - P, blocks, 0)
+
+
+def _on_grid(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas:
+    B = cfg.block_len
+    first = max(len(p) // B * B for p in prompts)                  # the shared first decoded block
+    host = torch.full((len(prompts), T), pad, dtype=torch.long)
+    valid = torch.zeros((len(prompts), T), dtype=torch.bool)
+    starts, ends = [], []
+    for row, (ids, g) in enumerate(zip(prompts, gen_lens)):
+        shift = first - len(ids) // B * B                           # whole blocks of left padding
+        host[row, shift:shift + len(ids)] = torch.tensor(ids)
+        starts.append(shift + len(ids))
+        ends.append(starts[-1] + g)
+        host[row, starts[-1]:ends[-1]] = mask
+        valid[row, shift:ends[-1]] = True
+    blocks = [(s, min(s + B, T)) for s in range(first, T, B)]     # the last one ends with the answer
+    return Canvas(host, valid, starts, ends, max(gen_lens), blocks, 0)
 
 
 def _block_causal(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas:
@@ -115,6 +147,8 @@ def _block_causal(prompts, gen_lens, cfg, mask: int, pad: int, T: int) -> Canvas
 def plan_infill(row: list[int], holes: list[tuple[int, int]], cfg, *, mask: int, context_length: int,
                 causal: bool, shifted: bool, name: str = "this model") -> Canvas:
     """The canvas of one template row (infill.Filling: text tokens, mask ids at its holes)."""
+    if cfg.block_align == "grid":
+        raise UserError("block_align grid: infilling runs its blocks over the holes' masks, not a grid (unset it)")
     if causal:
         raise UserError(f"{name} cannot fill holes: its attention is causal between blocks, so what it writes "
                         f"never sees the text after it (infilling needs a bidirectional family: LLaDA, Dream)")

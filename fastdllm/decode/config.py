@@ -24,6 +24,7 @@ def _choice(*options: str, help: str) -> Any:
 class DecodeConfig:
     gen_len: int = field(default=256, metadata={"min": 1, "help": "tokens to generate (canvas length)"})
     block_len: int = field(default=32, metadata={"min": 1, "help": "tokens per block; gen_len must be a multiple"})
+    block_align: str | None = field(default=None, metadata={"choices": ("prompt", "grid"), "help": "where the first block starts: prompt = at the prompt's end; grid = at the multiple of block_len at or before it, the first block holding the prompt's tail and the last ending at the answer's end (dInfer's evaluation scripts' start_block_align); unset: prompt, or grid for block-causal families (always)"})
     sub_block_len: int | None = field(default=None, metadata={"min": 1, "help": "decode each block in sub-blocks of this many tokens, left to right (Fast-dLLM v2)"})
     cache: str = _choice(*CACHE_MODES, help="KV cache mode")
     rule: str = _choice(*RULES, help="commit rule (how many tokens per step)")
@@ -98,8 +99,20 @@ class DecodeConfig:
             self._check_prophet(rule)
         if self.dpad_window is not None:
             self._check_dpad(rule)
+        if self.block_align == "grid":
+            self._check_grid(rule)
         if CACHE_MODES[self.cache].delayed and self.sub_block_len is not None:   # (dpad: _check_dpad)
             raise ConfigError(f"cache {self.cache} recomputes masked slots anywhere; unset sub_block_len")
+
+    def _check_grid(self, rule) -> None:
+        """Blocks on the grid (canvas.py): the number of blocks follows the prompt's length."""
+        if rule.scheduled or rule.whole_canvas:
+            raise ConfigError(f"block_align grid: the {self.rule} rule spreads its steps over gen_len / block_len "
+                              f"blocks, and on the grid the first block holds the prompt's tail (use block_align prompt)")
+        for on, name in ((self.prophet, "prophet"), (self.dpad_window, "dpad"), (CACHE_MODES[self.cache].delayed, self.cache)):
+            if on:
+                raise ConfigError(f"block_align grid: not combined with {name} (its canvas counts blocks from the "
+                                  f"prompt's end; use block_align prompt)")
 
     def _check_dpad(self, rule) -> None:
         """DPad (decode/suffix_dropout.py) drops masked slots after the active block."""

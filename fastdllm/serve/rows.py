@@ -21,9 +21,11 @@ def sampled(cfg: DecodeConfig) -> bool:
 
 def whole_answer(cfg: DecodeConfig) -> bool:
     """Settings whose decisions read the whole answer, not one block: Prophet (its anchors sit at
-    answer offsets, its phases count the answer's steps) and DPad (each block's kept suffix is the
-    next draw of one seeded stream). Such a job is planned once, with its own config."""
-    return cfg.prophet or cfg.dpad_window is not None
+    answer offsets, its phases count the answer's steps), DPad (each block's kept suffix is the
+    next draw of one seeded stream) and blocks on the grid of a bidirectional family (the first
+    holds the prompt's tail, the last ends with the answer). Such a job is planned once, with its
+    own config."""
+    return cfg.prophet or cfg.dpad_window is not None or cfg.block_align == "grid"
 
 
 def alone(job: Job) -> bool:
