@@ -219,7 +219,8 @@ def test_serve_takes_editing_per_request(models):
     import threading
 
     from fastdllm.serve.jobs import Finished, Job
-    from fastdllm.serve.protocol import Server, prepare_completion
+    from fastdllm.serve.protocol import prepare_completion
+    from fastdllm.serve.requests import Server
     from fastdllm.serve.scheduler import Scheduler
 
     lm, _ = models["llada2"]

@@ -12,7 +12,7 @@ import torch
 from conftest import FIXTURES
 from safetensors import safe_open
 
-from fastdllm.checkpoints import loading
+from fastdllm.checkpoints import loading, specials
 from fastdllm.errors import UserError
 
 
@@ -55,9 +55,9 @@ def test_special_ids_come_from_the_checkpoint(llada64, dream64):
 def test_published_tokenizer_configs_load_without_running_code(tmp_path):
     """Dream's tokenizer_config names DreamTokenizer with an auto_map to a .py file; we never run it."""
     src = FIXTURES / "Dream-v0-Instruct-7B"
-    tok = loading.load_tokenizer(src)
+    tok = specials.load_tokenizer(src)
     assert type(tok).__name__ == "Qwen2Tokenizer" and tok.chat_template
-    assert loading.end_of_turn(tok) == 151645
+    assert specials.end_of_turn(tok) == 151645
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from .family import family_of, read_config
-from .loading import load_tokenizer, special_tokens
+from .specials import load_tokenizer, special_tokens
 
 BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1}
 

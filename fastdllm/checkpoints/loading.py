@@ -26,9 +26,8 @@ from .placement import (
     quantization_config,
     torch_placement,
 )
+from .specials import load_tokenizer, special_tokens
 from .thinking import thought_markers, thought_prefill, without_thought
-
-_PROBE = "fastdllm-end-of-turn-probe"
 
 
 @dataclass
@@ -176,92 +175,6 @@ def _check_weights(path: Path) -> None:
     missing = sorted(s for s in shards if not (path / s).is_file())
     if missing:
         raise UserError(f"{path} is missing weight shards: {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else ""))
-
-
-def load_tokenizer(path: Path):
-    """LLaDA ships tokenizer.json; Dream ships the slow Qwen2 files (vocab.json + merges.txt)."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
-
-    quiet_transformers()
-    try:
-        if (path / "tokenizer.json").is_file():
-            return PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
-        if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-            return Qwen2Tokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, TypeError) as e:
-        raise UserError(f"cannot read the tokenizer in {path}: {str(e).splitlines()[0]}") from None
-    raise UserError(f"{path} has no tokenizer files (tokenizer.json, or vocab.json + merges.txt)")
-
-
-def quiet_transformers() -> None:
-    """No "Loading weights" progress bars or "tokenizer class DreamTokenizer differs" notes on a
-    user's terminal: our errors say what went wrong."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def mask_from_tokenizer(tokenizer, spellings: tuple[str, ...]) -> int | None:
-    """The tokenizer's mask_token, else the first of the family's spellings it knows."""
-    vocab = tokenizer.get_vocab()
-    for token in (getattr(tokenizer, "mask_token", None), *spellings):
-        if token is not None and token in vocab:
-            return vocab[token]
-    return None
-
-
-def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> SpecialTokens:
-    """Mask: config's mask_token_id, else the tokenizer's, else the family's `mask_fallback` (the authors' code);
-    -1 for a family whose canvas is noise, not masks (DiffusionGemma: its `<mask>` is an ordinary
-    token it may write, and -1 marks the canvas slots not decoded yet)."""
-    mask = config.get("mask_token_id") if getattr(model_cls, "uses_mask", True) else -1
-    if not isinstance(mask, int):
-        mask = mask_from_tokenizer(tokenizer, getattr(model_cls, "mask_tokens", ()))
-    fallback = getattr(model_cls, "mask_fallback", None)
-    if not isinstance(mask, int) and isinstance(fallback, int) and fallback < config.get("vocab_size", 0):
-        mask = fallback
-    if not isinstance(mask, int):
-        raise UserError(f"{path / 'config.json'} has no mask_token_id and the tokenizer no mask token")
-    eos = _ids(config.get("eos_token_id")) or _ids(tokenizer.eos_token_id)
-    gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        try:
-            eos += _ids(json.loads(gen_file.read_text()).get("eos_token_id"))
-        except (OSError, ValueError, AttributeError):
-            pass
-    eot = end_of_turn(tokenizer)
-    stops = tuple(dict.fromkeys(eos + ([eot] if eot is not None else [])))
-    if not stops:
-        raise UserError(f"{path} declares no eos_token_id")
-    pad = config.get("pad_token_id")
-    pad = pad if isinstance(pad, int) else (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0])
-    if pad == mask:
-        raise UserError(f"{path}: pad_token_id equals mask_token_id ({mask})")
-    return SpecialTokens(mask=mask, pad=pad, stops=stops, eot=eot)
-
-
-def end_of_turn(tokenizer) -> int | None:
-    """The special token the chat template puts right after an assistant message, if any."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}], tokenize=False)
-    except Exception:  # a template that rejects this conversation: no end-of-turn known
-        return None
-    rest = text[text.find(_PROBE) + len(_PROBE):] if _PROBE in text else ""
-    ids = tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
-    return ids[0] if ids and ids[0] in special else None
-
-
-def _ids(value) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int)]
-    return []
 
 
 def describe(loaded: LoadedModel) -> dict:

@@ -3,7 +3,8 @@
 `generate` is a generator of typed events (StepEvent per forward, BlockEvent per finished block)
 ending with a Result. It knows nothing about terminals; the CLI view, chat and bench consume it.
 
-Per step the span to recompute is the cache mode's choice (cache_modes.py).
+Per step the span to recompute is the cache mode's choice (cache_modes.py); the step itself
+(forward, decision, commit, the host transfer) is step.py's.
 
 Logits are asked for only at the block's still-masked positions (on a GPU, where CUDA graphs
 need static shapes, at every position of the block; see graphs.py). The engine keeps a host copy of
@@ -28,7 +29,6 @@ from .config import DecodeConfig
 from .credit import CreditTrace
 from .decoder import Decoder
 from .device_step import DeviceStep
-from .dilation import level_of
 from .editing import BlockRows, refuse_editing
 from .events import (
     BlockEvent,
@@ -40,17 +40,10 @@ from .events import (
     reset_peak_memory,
 )
 from .graphs import SpanForward
-from .prophet import Check, Prophet
+from .prophet import Prophet
 from .rules import RULES
-from .selection import (
-    block_schedule,
-    entropy_of,
-    max_without,
-    predict,
-    select,
-    select_edits,
-    sub_block,
-)
+from .selection import block_schedule, sub_block
+from .step import complete_block, decode_step
 from .suffix_dropout import SuffixDropout
 
 
@@ -146,7 +139,7 @@ class Batch:
         def store(s: int, e: int, block: int) -> StepEvent:
             """A block-causal store pass over the finished span [s, e), as a step (step -1) of `block`."""
             with torch.inference_mode():
-                at, tokens, chosen = _complete_block(self.forward, self.decoder.model, host, s, e, specials.mask)
+                at, tokens, chosen = complete_block(self.forward, self.decoder.model, host, s, e, specials.mask)
             self.nfe, self.committed = self.nfe + 1, self.committed + int(chosen.sum())
             return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
 
@@ -180,7 +173,7 @@ class Batch:
                     editable = rows.editable(host, s, e, canvas.starts, canvas.ends, specials.mask)
                     check = self.prophet and self.prophet.check(host, span, block, step, self.nfe + 1)
                     with torch.inference_mode():
-                        positions, tokens, conf, chosen, edited = _decode_step(
+                        positions, tokens, conf, chosen, edited = decode_step(
                             self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
                             self.credit, check)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
@@ -236,61 +229,3 @@ def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
         if on_event is not None:
             on_event(event)
     raise RuntimeError("generate ended without a result")
-
-
-def _decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
-                 credit: CreditTrace | None = None, check: Check | None = None):
-    """One forward and one decision. block_masked (B, L): the active block's candidate positions;
-    editable (B, L) or None: positions whose written token may be edited (then every position of
-    the block is read); credit: CreditDecoding's state (credit.py), whose fused logits the decision
-    reads; check: Prophet's stop test of this step (prophet.py), which reads more slots (X) and may
-    commit them all. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
-    canvas = forward.canvas
-    device = canvas.device
-    whole = forward.full_block or editable is not None
-    B, L = block_masked.shape
-    # Candidate slots: the whole block in position order (as device_step.py, so that sampling draws
-    # alike), or each row's masked positions first then committed ones as filler: distinct indices.
-    order = torch.arange(L).expand(B, L) if whole else \
-        torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :int(block_masked.sum(1).max())]
-    candidate = block_masked.gather(1, order)
-    positions = order + s if check is None else check.widen(order + s)   # prophet.py: + answer, other masks
-    pos_dev = positions.to(device, non_blocking=True)
-    logits = forward(span, pos_dev).to(device)                                      # (B, K [+ X], V)
-    if check is not None:
-        logits = check.test(logits)                     # the gap test; the block's (B, K, V) decide as usual
-    if credit is not None:                      # credit.py: logits + alpha log(1 + credit), after any graph
-        logits = credit(pos_dev - s, candidate.to(device), logits)
-    tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
-                           banned=banned, generator=generator)
-    kind = RULES[cfg.rule].bound
-    bound = (entropy_of(logits, cfg.temperature) if kind == "entropy" else                       # RND1's eb_gamma
-             torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device) if kind == "level"
-             else None)                                                                           # DUS's levels
-    chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)
-    if check is not None:                               # an exiting row commits every mask it has
-        tokens, conf, chosen = check.fill(tokens, conf, chosen, candidate.to(device), cfg, banned, generator)
-    current = canvas.gather(1, pos_dev)
-    edited = (torch.zeros_like(chosen) if editable is None else
-              select_edits(tokens, conf, current, editable.gather(1, order).to(device), cfg.edit_threshold))
-    canvas.scatter_(1, pos_dev, torch.where(chosen | edited, tokens, current))
-    packed = torch.stack([tokens.to(conf.dtype), conf, chosen.to(conf.dtype), edited.to(conf.dtype)]).cpu()   # the one sync
-    return positions, packed[0].long(), packed[1], packed[2].bool(), packed[3].bool()
-
-
-def _complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: int, mask: int):
-    """Block-causal: run the finished span [s, e) once more so that its keys/values are stored as
-    final. A shifted family (Fast-dLLM v2) also reads the next block's first token from it, greedily
-    (never the mask id), where that position is still masked. Returns positions, tokens (B, 1) and
-    committed (B, 1) bool."""
-    B, T = host.shape
-    wanted = bool(model.logit_shift) and e < T
-    at = torch.full((B, 1), e if wanted else e - 1)                 # logits: the next block's first slot
-    logits = forward((s, e), at.to(forward.canvas.device))
-    tokens = max_without(logits, [mask])[1].cpu()                   # the argmax, never the mask id
-    chosen = (host.gather(1, at) == mask) & wanted                  # (B, 1)
-    host.scatter_(1, at, torch.where(chosen, tokens, host.gather(1, at)))
-    device = forward.canvas.device
-    forward.canvas.scatter_(1, at.to(device), host.gather(1, at).to(device))
-    return at, tokens, chosen
-

@@ -18,14 +18,8 @@ from starlette.exceptions import HTTPException
 
 from .jobs import Failed, Finished, Job, QueueFull, ShuttingDown, StepUpdate, TextUpdate
 from .metrics import CONTENT_TYPE
-from .protocol import (
-    ApiError,
-    Prepared,
-    Server,
-    one_line,
-    prepare_chat,
-    prepare_completion,
-)
+from .protocol import prepare_chat, prepare_completion
+from .requests import ApiError, Prepared, Server, one_line
 from .responses import CHAT, COMPLETION, Shape, TrimmedText
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")

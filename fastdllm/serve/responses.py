@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..checkpoints.plain_chat import cut_plain_answer
 from .jobs import Finished, StepUpdate
-from .protocol import Prepared
+from .requests import Prepared
 
 
 def usage(f: Finished) -> dict:

@@ -1,0 +1,127 @@
+"""The OpenAI request shapes (/v1/chat/completions, /v1/completions), what the server decodes
+them against (Server) and what a request becomes (Prepared); ApiError, the one-line refusal with
+its HTTP status. protocol.py turns a request into a Prepared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..decode.config import DecodeConfig
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind, self.headers = kind, headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")      # OpenAI clients send many fields we do not use
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class Message(Lenient):
+    role: Literal["system", "user", "assistant"]
+    content: Any = None                             # a string or a list of text parts (checked below)
+
+
+class CommonRequest(Lenient):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stop: Any = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    fastdllm: dict[str, Any] | None = None
+    # accepted only at the value that means "off": anything else would be silently ignored
+    top_p: Any = None
+    logprobs: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+
+
+class ChatRequest(CommonRequest):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    top_logprobs: Any = None
+    tools: Any = None
+    response_format: Any = None
+
+
+class CompletionRequest(CommonRequest):
+    prompt: Any = None
+    suffix: Any = None
+    echo: Any = None
+    best_of: Any = None
+
+
+# field -> the values that mean the feature is off
+OFF_VALUES = {"top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
+              "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+              "tools": (None, []), "response_format": (None, {"type": "text"}), "echo": (None, False),
+              "best_of": (None, 1)}
+
+
+@dataclass(frozen=True)
+class Server:
+    """What requests are decoded against: the model and the server's own settings."""
+    lm: Any                         # loading.LoadedModel
+    base_cfg: DecodeConfig          # from the server's profile and flags
+    profile_name: str
+    cli_flags: dict[str, Any]       # decoding flags given to `fastdllm serve`
+
+    @property
+    def model_name(self) -> str:
+        return self.lm.path.name
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt: list[int]
+    cfg: DecodeConfig               # gen_len = the canvas: max_tokens rounded up to whole blocks
+    max_tokens: int
+    profile: str
+    stop: tuple[str, ...] = ()
+    steps: bool = False             # stream each step's committed positions and tokens
+    stream: bool = False
+    include_usage: bool = False
+    plain_chat: bool = False        # no chat template: the answer is cut and stripped as in `fastdllm chat`
+    suffix: list[int] | None = None  # infilling: the answer is decoded between prompt and suffix
+
+    def info(self) -> dict:
+        """The `fastdllm` object of a response: what was decoded for this request."""
+        out = {"max_tokens": self.max_tokens, "canvas_tokens": self.cfg.gen_len, "profile": self.profile}
+        if self.cfg.gen_len != self.max_tokens:
+            out["note"] = f"max_tokens rounded up to whole blocks of {self.cfg.block_len}"
+        return out
+
+
+def validated(model: type[BaseModel], body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        message, param = one_line(e.errors()[0])
+        raise ApiError(400, message, param=param) from None
+
+
+def one_line(error: dict) -> tuple[str, str | None]:
+    """(message, param) from a pydantic or FastAPI validation error, without the body prefix."""
+    loc = [str(x) for x in error.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    return (f"{param}: {error['msg']}" if param else error["msg"]), param
