@@ -23,10 +23,10 @@ from safetensors.torch import load_file
 class NaiveLM:
     """Reads the weights from the checkpoint files themselves (float64), not from fastdllm's model."""
 
-    def __init__(self, lm):
+    def __init__(self, lm, dtype=torch.float64):
         self.sd = {}
         for shard in sorted(lm.path.glob("*.safetensors")):
-            self.sd.update({k: v.double() for k, v in load_file(shard).items()})
+            self.sd.update({k: v.to(dtype) for k, v in load_file(shard).items()})
         self.dream = lm.family == "Dream"
         c = lm.model.config
         if self.dream:
@@ -157,10 +157,12 @@ def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_
 
 
 def reference_generate(lm, prompt, *, cache, gen_length, block_length, steps=None, threshold=None,
-                       factor=None, mask_id, factor_quirk=False, ban_mask=True, measure="prob", record=None):
+                       factor=None, mask_id, factor_quirk=False, ban_mask=True, measure="prob", record=None,
+                       dtype=torch.float64):
     """cache in {"none", "prefix", "dual"}; returns (canvas (B, P+G), nfe). `record` (a list) gets
-    the set of committed canvas positions of every step."""
-    net = NaiveLM(lm)
+    the set of committed canvas positions of every step. `dtype`: the weights' and the forward's
+    (the confidences are a float64 softmax of its logits whatever it is, as the authors')."""
+    net = NaiveLM(lm, dtype)
     B, P = prompt.shape
     x = torch.full((B, P + gen_length), mask_id, dtype=torch.long)
     x[:, :P] = prompt

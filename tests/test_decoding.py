@@ -78,13 +78,13 @@ def test_fixed_schedule_counts_match_llada():
 
 def test_predict_bans_mask_and_reports_probability():
     logits = torch.tensor([[[5.0, 1.0, 0.0], [0.0, 0.0, 9.0]]])     # mask id 0 would win row 0
-    full = torch.softmax(logits, -1)
+    full = torch.softmax(logits.double(), -1)
     tokens, conf = predict(logits, temperature=0, measure="prob", banned=torch.tensor([0]), generator=None)
     assert tokens.tolist() == [[1, 2]]
     # the probability under the full softmax, the banned mask id in its normaliser (as every author)
-    assert torch.allclose(conf, full[..., 1:].max(-1).values)
-    assert torch.equal(torch.softmax(logits, -1), full)              # the caller's logits are left alone
-    assert conf.dtype == torch.float32
+    assert torch.allclose(conf, full[..., 1:].max(-1).values, rtol=1e-7, atol=0)   # fp32 exponents
+    assert torch.equal(torch.softmax(logits.double(), -1), full)     # the caller's logits are left alone
+    assert conf.dtype == torch.float64                               # as a float64 softmax gives it
 
 
 def test_every_measure_keeps_the_banned_id_in_the_distribution():

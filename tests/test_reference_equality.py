@@ -105,3 +105,32 @@ def test_quirk_flag_changes_reference_on_a_model(llada64):
     _, _, nfe_paper = theirs(llada64, prompt, cfg)
     _, _, nfe_quirk = theirs(llada64, prompt, cfg, factor_quirk=True)
     assert nfe_quirk < nfe_paper
+
+
+@pytest.fixture(scope="module")
+def llada32_peaked(tmp_path_factory):
+    """fp32 with large logits (up to ~140: the head scaled 20x), confidences up to 0.99999999 a few
+    1e-7 apart: where fp32 rounding of the normaliser used to pick another token (15 of 32 equal)."""
+    from fastdllm.checkpoints import loading
+    from fastdllm.checkpoints.tiny_random import FIXTURES, write_llada
+
+    path = write_llada(tmp_path_factory.mktemp("peaked") / "tiny-llada", init_std=0.3, logit_scale=20.0, fixtures=FIXTURES)
+    return loading.load(path, dtype="fp32")
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("rule", ["fixed", "threshold"])
+def test_fp32_with_large_logits_decodes_as_the_reference_in_fp32(llada32_peaked, cache, rule):
+    """The reference's forward in fp32 and its float64 softmax of those logits (LLaDA's authors'):
+    the same tokens at the same steps as fastdllm in fp32 (docs/ranking.md)."""
+    lm = llada32_peaked
+    prompt = lm.encode(HEAVY_PROMPT, chat=True)
+    extra = {"threshold": 0.9} if rule == "threshold" else {"steps": 32}
+    cfg = DecodeConfig(gen_len=32, block_len=16, cache=cache, rule=rule, early_stop=False, **extra)
+    our_steps, result = ours(lm, prompt, cfg)
+    record = []
+    canvas, nfe = reference_generate(lm, torch.tensor([prompt]), cache=cache, gen_length=32, block_length=16, steps=32,
+                                     mask_id=lm.specials.mask, record=record, dtype=torch.float32,
+                                     **({"threshold": 0.9} if rule == "threshold" else {}))
+    assert (our_steps, result.nfe) == ([sorted(s) for s in record], nfe)
+    assert result.canvas[0].tolist() == canvas[0, len(prompt):].tolist()

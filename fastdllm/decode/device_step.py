@@ -1,6 +1,6 @@
 """The device step: one step of the active block as tensor ops on the device, no host read inside.
 
-Today's step (engine._decode_step) plans on the host: which positions are candidates (from the
+The host-planned step (step.decode_step) plans on the host: which positions are candidates (from the
 host copy of the canvas), how many the fixed schedule asks for, then runs forward, predict and
 select on the device and reads the result back. The device step keeps all of that on the device
 with static shapes, so that on one CUDA device the whole step is one graph (graphs.py):
@@ -95,4 +95,4 @@ class DeviceStep:
         chosen = select(conf, block == self.mask, cfg, self.schedule.gather(1, at)[:, 0])
         block.copy_(torch.where(chosen, tokens, block))                            # the commit, in place
         self.counter.add_(1)
-        return torch.stack([tokens.to(conf.dtype), conf, chosen.to(conf.dtype)])   # ids < 2^24: exact in fp32
+        return torch.stack([tokens.double(), conf.double(), chosen.double()])        # ids exact in float64

@@ -7,7 +7,6 @@ then always the most confident ones, so every rule shares one selection mechanis
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Sequence
 
@@ -18,45 +17,55 @@ from .rules import RULES
 
 
 def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: Sequence[int] | torch.Tensor,
-            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+            generator: torch.Generator | None, softmax_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (B, K, V) -> (tokens (B, K), confidence (B, K)); the caller's logits are left alone.
 
     Every confidence is the authors' own, over the full softmax: the `banned` ids (the mask id)
     stay in the normaliser, the top-2 and the entropy, as in every family's reference code. They are
     only kept out of the prediction (the reference loops forever when the mask is the argmax), so
-    all agree with the references wherever the mask is not the argmax. Computed from a logsumexp at
-    fp32 or better; no full-vocabulary float64 softmax.
+    all agree with the references wherever the mask is not the argmax.
+
+    Precision (docs/ranking.md): probabilities are what a float64 softmax-then-gather gives, in
+    float64, whatever the logits' dtype. With m the row's max, softmax at a logit l is
+    exp(l - m) / (1 + r), r = the sum of exp(l' - m) over every other entry: r is summed (float64
+    accumulation) from one fp32-or-better buffer of exp(l' - m) whose max entry is set to 0, so a
+    near-certain row keeps r's own digits (adding the max's 1 first, in fp32, rounded them away:
+    confidences 1e-6 apart ranked by rounding; torch's own fp32 softmax does so too).
+    `softmax_dtype`: where a family's authors take their softmax in the logits' own dtype (Dream's
+    `torch.softmax(logits)`), that softmax, literally: tokens and confidences from its
+    probabilities (`authors_softmax`), so that its roundings, ties and threshold comparisons in
+    bf16 or fp32 are theirs.
 
     The cost (one step's besides the forward): maxima and top-2 read the logits in their own dtype
-    (exact in any); the normaliser is one fused upcast-and-shift into a single fp32-or-better
-    buffer, exponentiated and summed in place (torch.logsumexp's own arithmetic, bit for bit); no
-    full-vocabulary copy for the banned ids, only views of them (slices, not index tensors: on a
-    GPU a host list as an index is a copy to the device). Tokens and confidences equal those of the
-    plain full-copy computation bit for bit (tests/test_step_cost.py)."""
+    (exact in any); the exponent is one fused upcast-and-shift into a single fp32-or-better
+    buffer, exponentiated and summed in place; no full-vocabulary copy for the banned ids, only
+    views of them (slices, not index tensors: on a GPU a host list as an index is a copy to the
+    device); float64 only for (B, K) numbers (tests/test_step_cost.py)."""
     work = torch.promote_types(logits.dtype, torch.float32)
     ids = banned_ids(banned)
+    if softmax_dtype is not None and measure in ("prob", "margin", "neg_entropy"):
+        return authors_softmax(logits, temperature, measure, ids, generator, softmax_dtype)
     if temperature > 0:  # Gumbel-max: a sample of softmax(logits / T)
-        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=work)
-        noisy = u.clamp_min_(torch.finfo(work).tiny).log_().neg_().log_().neg_()          # Gumbel noise, in place
-        noisy.add_(logits.to(work) / temperature)
-        for b in ids:                                                                    # never predicted
-            noisy[..., b] = float("-inf")
-        tokens = noisy.argmax(-1)
+        tokens = gumbel_argmax(logits, temperature, ids, generator, work)
         top = logits.gather(-1, tokens[..., None])[..., 0]
-        peak = logits.amax(-1)
+        peak, at = logits.max(-1)
     else:
         top, tokens = max_without(logits, ids)                                          # first index on ties
-        peak = functools.reduce(torch.maximum, [logits[..., b] for b in ids], top)      # the whole row's max
-    log_z, shifted = logsumexp_from(logits, peak, work)                                 # (B, K, 1)
+        peak, at = top, tokens
+        for b in ids:                                   # the whole row's max: a banned id may hold it
+            above = logits[..., b] > peak
+            peak, at = torch.where(above, logits[..., b], peak), torch.where(above, b, at)
+    rest, shifted = rest_mass(logits, peak, at, work)                                   # (B, K) float64
     if measure == "prob":        # probability of the token the position receives
-        confidence = (top.to(work) - log_z[..., 0]).exp()
+        confidence = (top.double() - peak.double()).exp_().div_(rest.add(1))
     elif measure == "margin":    # top-1 minus top-2 probability (Dream's topk_margin)
-        top2 = (logits.topk(2, dim=-1).values.to(work) - log_z).exp()
-        confidence = top2[..., 0] - top2[..., 1]
+        second = logits.topk(2, dim=-1).values[..., 1]
+        confidence = (second.double() - peak.double()).expm1_().neg_().div_(rest.add(1))
     elif measure == "neg_entropy":  # sum p log(p + 1e-10), Dream's entropy; 0 is the most certain
-        # reuses the buffer; not floored: a near-certain row's entropy is made of the tiny terms
-        p = torch.sub(logits, log_z, out=shifted).exp_()
-        confidence = (p + 1e-10).log_().mul_(p).sum(-1)
+        # reuses the buffer; not floored: a near-certain row's entropy is made of the tiny terms.
+        # log p = (l - max) - log(1 + r): the max taken out first, exactly (l - log_z rounds at log_z)
+        p = torch.sub(logits, peak.to(work)[..., None], out=shifted).sub_(rest.log1p().to(work)[..., None]).exp_()
+        confidence = (p + 1e-10).log_().mul_(p).sum(-1, dtype=torch.float64)
     elif measure == "entropy":   # RND1's: sum p log p of softmax(logits / T) (T = 1 when greedy), no epsilon
         confidence = -entropy_of(logits, temperature)
     elif measure == "logprob":   # RND1's eb_gamma ranking: log p of the token under softmax(logits / T)
@@ -66,6 +75,47 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
     else:
         raise ValueError(f"unknown confidence measure {measure!r}")
     return tokens, confidence
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, ids: list[int], generator, work: torch.dtype):
+    """A sample of softmax(logits / T) by Gumbel-max, never one of the banned `ids`."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=work)
+    noisy = u.clamp_min_(torch.finfo(work).tiny).log_().neg_().log_().neg_()          # Gumbel noise, in place
+    noisy.add_(logits.to(work) / temperature)
+    for b in ids:                                                                    # never predicted
+        noisy[..., b] = float("-inf")
+    return noisy.argmax(-1)
+
+
+def authors_softmax(logits, temperature: float, measure: str, ids: list[int], generator, dtype: torch.dtype):
+    """predict as authors who take torch.softmax in `dtype` (the logits' own): the token is the
+    probabilities' argmax (first index on ties, the banned ids left out), its confidence that
+    probability; margin and entropy from the same probabilities, in `dtype`."""
+    probs = torch.softmax(logits.to(dtype), -1)
+    if temperature > 0:
+        tokens = gumbel_argmax(logits, temperature, ids, generator, torch.promote_types(logits.dtype, torch.float32))
+        top = probs.gather(-1, tokens[..., None])[..., 0]
+    else:
+        top, tokens = max_without(probs, ids)
+    if measure == "prob":
+        return tokens, top
+    if measure == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return tokens, top2[..., 0] - top2[..., 1]
+    return tokens, (probs * (probs + 1e-10).log()).sum(-1)
+
+
+def rest_mass(logits: torch.Tensor, peak: torch.Tensor, at: torch.Tensor, work: torch.dtype):
+    """(r (B, K) float64, the (B, K, V) `work` buffer it used): r = the sum of exp(l - peak) over
+    every entry of each row but its max (at `at`; another entry equal to it counts 1). The upcast,
+    the shift and the exponent write one buffer; on CPU, shifted terms below `exp_floor` are raised to
+    it (x86's slow underflow path; they add at most V e^floor to r, below float64's resolution of
+    1 + r). A row whose max is infinite or -inf gives r = nan / 0 as softmax's nan / 0 would."""
+    peak = peak.to(work)[..., None]
+    shift = peak.masked_fill(peak.abs() == float("inf"), 0)
+    buffer = floored(torch.sub(logits, shift)).exp_()    # promotes: a bf16 row is read once, as fp32
+    buffer.scatter_(-1, at[..., None], 0.0)
+    return buffer.sum(-1, dtype=torch.float64), buffer
 
 
 def tempered_log_p(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -103,19 +153,6 @@ def max_without(logits: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, tor
     if best is None:
         raise ValueError("every id is banned")
     return best
-
-
-def logsumexp_from(logits: torch.Tensor, peak: torch.Tensor, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log_z (B, K, 1), the (B, K, V) `work` buffer it used): torch.logsumexp(logits.to(work), -1,
-    keepdim=True) bit for bit, given each row's max `peak` (B, K), without the upcast copy: the
-    upcast, the shift and the exponent write one buffer (an infinite max shifts by 0, as torch's);
-    on CPU, shifted terms below `exp_floor` are raised to it, which leaves those bits alone and saves
-    x86's slow underflow path (tests/test_step_cost.py)."""
-    peak = peak.to(work)[..., None]
-    shift = peak.masked_fill(peak.abs() == float("inf"), 0)
-    buffer = floored(torch.sub(logits, shift))           # promotes: a bf16 row is read once, as fp32
-    log_z = buffer.exp_().sum(-1, keepdim=True).log_().add_(shift)
-    return log_z.masked_fill_(peak == float("-inf"), float("-inf")), buffer
 
 
 def floored(shifted: torch.Tensor) -> torch.Tensor:
