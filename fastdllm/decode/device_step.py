@@ -40,7 +40,7 @@ import torch
 from .config import DecodeConfig
 from .graphs import SpanForward
 from .rules import RULES
-from .selection import block_schedule, predict, select
+from .selection import authors_dtype, block_schedule, predict, select
 
 
 def to_host(record: torch.Tensor) -> torch.Tensor:
@@ -87,8 +87,9 @@ class DeviceStep:
         """logits (B, L, V) -> the record (3, B, L): predict, select, commit. Tensor ops only, static
         shapes, no host read (capturable)."""
         cfg, canvas = self.cfg, self.forward.canvas
-        tokens, conf = predict(logits.to(canvas.device), temperature=cfg.temperature, measure=cfg.confidence,
-                               banned=self.banned, generator=self.generator)
+        logits = logits.to(canvas.device)
+        tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence, banned=self.banned,
+                               generator=self.generator, softmax_dtype=authors_dtype(self.forward.model, logits))
         block = canvas[:, self.s:self.e]                                            # (B, L) a view
         steps = self.schedule.shape[1]
         at = self.counter.clamp_max(steps - 1).expand(block.shape[0], 1)            # (B, 1)

@@ -118,6 +118,13 @@ def rest_mass(logits: torch.Tensor, peak: torch.Tensor, at: torch.Tensor, work: 
     return buffer.sum(-1, dtype=torch.float64), buffer
 
 
+def authors_dtype(model, logits: torch.Tensor) -> torch.dtype | None:
+    """predict's softmax_dtype for `model`: the logits' own dtype where the family's authors take
+    their softmax in it (the model class says `authors_softmax = "logits"`, docs/ranking.md), else
+    None: a float64 softmax's numbers (LLaDA's authors upcast)."""
+    return logits.dtype if getattr(model, "authors_softmax", "float64") == "logits" else None
+
+
 def tempered_log_p(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """RND1's scores (docs/rnd1.md 5): log_softmax(logits / T) at fp32 or better, T = 1 when greedy."""
     scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / (temperature if temperature > 0 else 1.0)

@@ -11,7 +11,7 @@ from .dilation import level_of
 from .graphs import SpanForward
 from .prophet import Check
 from .rules import RULES
-from .selection import entropy_of, max_without, predict, select, select_edits
+from .selection import authors_dtype, entropy_of, max_without, predict, select, select_edits
 
 
 def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
@@ -37,8 +37,8 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
         logits = check.test(logits)                     # the gap test; the block's (B, K, V) decide as usual
     if credit is not None:                      # credit.py: logits + alpha log(1 + credit), after any graph
         logits = credit(pos_dev - s, candidate.to(device), logits)
-    tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence,
-                           banned=banned, generator=generator)
+    tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence, banned=banned,
+                           generator=generator, softmax_dtype=authors_dtype(forward.model, logits))
     kind = RULES[cfg.rule].bound
     bound = (entropy_of(logits, cfg.temperature) if kind == "entropy" else                       # RND1's eb_gamma
              torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device) if kind == "level"
