@@ -67,3 +67,11 @@ def llada64_heavy_mask(llada64, tmp_path_factory):
 @pytest.fixture(scope="session")
 def dream64_heavy_mask(dream64, tmp_path_factory):
     return _heavy(dream64, tmp_path_factory)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast lane (`pytest -m fast`, README): every test not marked `slow`. A test is marked slow
+    when it starts processes or servers, or sweeps a grid another test already covers by one point."""
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
