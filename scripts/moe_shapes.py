@@ -87,7 +87,8 @@ def dense_config(raw: dict, layers: int) -> dict:
 
 def family(raw: dict):
     """(config, model class) through the loader's own checks (malformed routing is refused)."""
-    return loading.family_of(raw, PUBLISHED)          # the path only names the config in errors
+    config, model_cls, _ = loading.family_of(raw, PUBLISHED)   # the path only names the config in errors
+    return config, model_cls
 
 
 # --- models ----------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_every_linear_of_the_published_checkpoints_packs(name):
     """The decision never touches a real checkpoint: every linear bitsandbytes quantizes in the
     published configs (built on the meta device: shapes only) has a shape the bf16 kernel takes."""
     path = FIXTURES / name
-    config, model_cls = loading.family_of(loading.read_config(path), path)
+    config, model_cls, _ = loading.family_of(loading.read_config(path), path)
     with torch.device("meta"):
         model = model_cls(config)
     shapes = {(m.out_features, m.in_features) for m in model.blocks.modules() if isinstance(m, nn.Linear)}

@@ -21,3 +21,4 @@ class DreamModel(QwenLM):
     config_class = DreamConfig
     _no_split_modules = ["QwenDecoderLayer"]
     logit_shift = 1
+    authors_softmax = "logits"      # generation_utils_block: torch.softmax of uncast logits (docs/ranking.md)
