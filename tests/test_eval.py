@@ -181,3 +181,18 @@ def test_lm_evals_own_command_line_with_fastdllm_registered(llada_dir, tmp_path)
     assert "tiny_next_line" in ok.stdout and "exact_match" in ok.stdout and "fastdllm (" in ok.stdout
     bad = lm_eval("treshold=0.5")
     assert bad.returncode == 2 and one_error(bad.stderr, "did you mean 'threshold'"), bad.stderr[-2000:]
+
+
+def test_dream_prompts_get_the_bos_its_authors_evaluate_with(dream64, llada64):
+    """Dream's tokenizer adds no BOS, but its authors' eval scripts (Fast-dLLM's and Dream's own,
+    add_bos_token=true) put <|beginoftext|> before every plain prompt, and none before a chat-templated
+    one; LLaDA's contexts stay as its tokenizer gives them."""
+    tok = dream64.tokenizer
+    assert tok("x")["input_ids"][:1] != [tok.bos_token_id]          # the tokenizer alone adds none
+    harness = FastdllmLM(lm=dream64, cfg=CFG)
+    assert harness.encode("x = 1") == [tok.bos_token_id] + tok("x = 1")["input_ids"]
+    templated = harness.apply_chat_template([{"role": "user", "content": "x = 1"}])
+    assert harness.encode(templated) == tok(templated, add_special_tokens=False)["input_ids"]
+    assert harness.encode(templated)[0] != tok.bos_token_id
+    plain = FastdllmLM(lm=llada64, cfg=CFG)
+    assert plain.encode("x = 1") == llada64.tokenizer("x = 1")["input_ids"]

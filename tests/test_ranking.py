@@ -92,3 +92,42 @@ def test_margin_and_entropy_rank_as_float64():
     close = (truth[0, :, None] - truth[0, None, :]).abs() < 1e-6          # the fp32 entropy's own resolution
     agree = (entropy[0, :, None] > entropy[0, None, :]) == (truth[0, :, None] > truth[0, None, :])
     assert (agree | close).all()
+
+
+@pytest.mark.parametrize("rule, extra", [("fixed", {"steps": 16}), ("threshold", {"threshold": 0.95}),
+                                         ("factor", {"factor": 1.0})])
+def test_exact_ties_go_to_the_lowest_position_first(rule, extra):
+    """docs/ranking.md's decision: among equal confidences the lowest position is committed first,
+    in every rule and batch row, whatever else the row holds (saturated rows at 1.0, a block's
+    end-of-text padding). A row whose ties are shuffled among other values keeps the same choice."""
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.selection import select
+
+    cfg = DecodeConfig.from_dict({"gen_len": 32, "block_len": 32, "rule": rule, **extra})
+    g = torch.Generator().manual_seed(0)
+    conf = torch.rand(2, 32, generator=g, dtype=torch.float64) * 0.5     # all below the tied ones
+    tied = [30, 4, 17, 9]                                                # saturated, in no order
+    conf[:, tied] = 1.0
+    candidate = torch.ones(2, 32, dtype=torch.bool)
+    candidate[1, 4] = False                                              # row 1: one tie is not a candidate
+    chosen = select(conf, candidate, cfg, scheduled=torch.tensor([2, 2]))
+    firsts = {0: [4, 9, 17, 30], 1: [9, 17, 30]}
+    for row in (0, 1):
+        picked = chosen[row].nonzero().flatten().tolist()
+        n = len(picked)
+        assert n >= 1 and set(picked) <= set(range(32))
+        ties_taken = [p for p in picked if p in tied]
+        assert ties_taken == firsts[row][:len(ties_taken)] and len(ties_taken) == min(n, len(firsts[row]))
+    if rule == "fixed":                                                  # the schedule's 2: the two lowest ties
+        assert chosen[0].nonzero().flatten().tolist() == [4, 9]
+        assert chosen[1].nonzero().flatten().tolist() == [9, 17]
+
+
+def test_lowest_first_is_torch_topk_on_the_cpu_for_one_token_a_step():
+    """The authors' baseline (one token a step over a whole canvas) takes torch.topk(conf, 1); on the
+    CPU its kernel keeps the first of equal maxima (what docs/ranking.md measured), as fastdllm does;
+    for larger k its order among ties is the kernel's, which the decision does not follow."""
+    conf = torch.zeros(100, dtype=torch.float64)
+    conf[[12, 32, 34, 18]] = 1.0
+    assert torch.topk(conf, 1).indices.tolist() == [12]
+    assert order(conf)[:4] == [12, 18, 32, 34]

@@ -92,6 +92,7 @@ class FastdllmLM(LM):
         self.stats = Stats()
         self.progress = None                   # called with (requests done, requests) as they finish
         self.task: str | None = None           # the task running (the name the test hook matches)
+        self.templated = False                 # set once lm-eval applies the chat template
         self.failure: str | None = None        # parallel runs: this rank's error, reported after the task
 
     # ------------------------------------------------------------------ lm-eval's collectives
@@ -115,16 +116,19 @@ class FastdllmLM(LM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.lm.has_chat_template:
             raise UserError(f"{self.lm.path.name} has no chat template: run without --chat")
+        self.templated = True                  # lm-eval asks for it only when a run chat-templates
         return self.lm.tokenizer.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt,
                                                      tokenize=False)
 
     def encode(self, text: str) -> list[int]:
         """A context as the model's own tokenizer gives it: with its BOS token when it adds one and
-        the text (a chat template's output) does not start with it already."""
+        the text (a chat template's output) does not start with it already; also where the family's
+        authors evaluate plain prompts with a BOS their tokenizer does not add (`eval_prompt_bos`)."""
         tokenizer = self.lm.tokenizer
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = tokenizer.bos_token_id
-        adds_bos = bos is not None and tokenizer("x")["input_ids"][:1] == [bos]
+        authors_bos = getattr(self.lm.model, "eval_prompt_bos", False) and not self.templated
+        adds_bos = bos is not None and (authors_bos or tokenizer("x")["input_ids"][:1] == [bos])
         return [bos] + ids if adds_bos and ids[:1] != [bos] else ids
 
     # ------------------------------------------------------------------ generate_until

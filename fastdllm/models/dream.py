@@ -22,3 +22,5 @@ class DreamModel(QwenLM):
     _no_split_modules = ["QwenDecoderLayer"]
     logit_shift = 1
     authors_softmax = "logits"      # generation_utils_block: torch.softmax of uncast logits (docs/ranking.md)
+    eval_prompt_bos = True          # their eval scripts (add_bos_token=true) put <|beginoftext|> before a
+                                    # prompt they do not chat-template; the tokenizer itself adds none

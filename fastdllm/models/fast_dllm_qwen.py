@@ -28,6 +28,7 @@ class FastDLLMQwenConfig(QwenConfig):
 
 
 class FastDLLMQwenForCausalLM(QwenLM):
+    authors_softmax = "logits"      # softmax(logits) in the model dtype (docs/fast-dllm-v2.md Q7)
     config_class = FastDLLMQwenConfig
     _no_split_modules = ["QwenDecoderLayer"]
     logit_shift = 1

@@ -123,6 +123,7 @@ class LLaDAMoEDecoderLayer(nn.Module):
 
 
 class LLaDAMoEModelLM(DecoderStack):
+    authors_softmax = "logits"      # the card's softmax of the uncast logits (docs/llada-moe.md Q3)
     config_class = LLaDAMoEConfig
     _no_split_modules = ["LLaDAMoEDecoderLayer"]
     _keep_in_fp32_modules_strict = ["expert_bias"]

@@ -27,6 +27,7 @@ class SDARConfig(QwenConfig):
 
 
 class SDARForCausalLM(QwenLM):
+    authors_softmax = "logits"      # their sampler: softmax(logits / T) in the model dtype (docs/sdar.md 4.3)
     config_class = SDARConfig
     _no_split_modules = ["QwenDecoderLayer"]
     bias = False

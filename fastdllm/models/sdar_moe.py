@@ -96,6 +96,7 @@ class Qwen3MoeStack(DecoderStack):
 
 
 class SDARMoeForCausalLM(Qwen3MoeStack):
+    authors_softmax = "logits"      # SDAR's sampler (docs/sdar.md 4.3)
     config_class = SDARMoeConfig
     mask_tokens = SDARForCausalLM.mask_tokens                   # no mask_token_id in the published config
     attention = SDARForCausalLM.attention                       # block-causal, block_size or 4
