@@ -30,12 +30,20 @@ def load_model(model_dir: Path, **placement: str):
     return lm
 
 
+def catalog_profile(spec: str | None) -> str | None:
+    """A catalog name's profile (its authors' settings: TraDo's, Dream-Coder's), else None."""
+    from fastdllm.checkpoints import catalog
+
+    entry = catalog.lookup(spec) if spec else None
+    return entry.profile if entry else None
+
+
 def prepare(opts: RunOptions):
     """Resolve model dir, profile and config (before any weights are read), then load the model."""
     from fastdllm.decode import profiles
 
     model_dir = resolve_model_dir(opts.model)
-    profile = profiles.find(opts.profile or profiles.default_profile_for(model_dir))
+    profile = profiles.find(opts.profile or catalog_profile(opts.model) or profiles.default_profile_for(model_dir))
     cfg = profiles.resolve(profile, opts.decode, model_dir)
     lm = load_model(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
     trained = lm.model.attention.block

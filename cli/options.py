@@ -31,7 +31,7 @@ def _decode_flag(f) -> tuple[Any, Any]:
 SHORT_FLAGS = {"gen_len": ("-n",), "seed": ("-s",)}
 DECODE_FLAGS = {f.name: _decode_flag(f) for f in fields(DecodeConfig)}
 MODEL_FLAGS = {
-    "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory or hub id (default: built-in model).")),
+    "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory, catalog name (dream:7b) or hub id (default: built-in model).")),
     "profile": (Optional[str], typer.Option("--profile", "-P", help="Profile name or YAML file (default: 'default').")),
     "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU, fp32 on CPU).")),
     "device": (Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto spreads over GPUs with accelerate).")),
