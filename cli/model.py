@@ -10,13 +10,23 @@ from rich.text import Text
 
 from fastdllm.checkpoints.locate import resolve_model_dir
 
-from .options import RunOptions
+from fastdllm.errors import UserError
+
+from .options import MODEL_DEFAULTS, RunOptions, forced
 from .terminal import err_console, keys_not_echoed
 
 
-def load_model(model_dir: Path, **placement: str):
-    """Load with a spinner on a terminal (stderr)."""
+def load_model(model_dir: Path, *, name: str | None = None, force: bool | None = None, canvas_tokens: int = 384,
+               **placement: str):
+    """Load with a spinner on a terminal (stderr), once the fit verdict allows it (--force skips it)."""
     from fastdllm.checkpoints import loading
+
+    if not forced(force):
+        from fastdllm.checkpoints.fit import check
+
+        if refused := check(model_dir, name or model_dir.name, canvas_tokens=canvas_tokens,
+                            **{k: placement.get(k, MODEL_DEFAULTS[k]) for k in MODEL_DEFAULTS}):
+            raise UserError(refused)
 
     spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
     with spinner, keys_not_echoed():
@@ -28,6 +38,9 @@ def load_model(model_dir: Path, **placement: str):
     for note in lm.notes:
         err_console.print(f"note: {note}", style="yellow")
     return lm
+
+
+PROMPT_ALLOWANCE = 128     # the fit verdict's canvas: the answer's tokens plus a prompt of this many
 
 
 def catalog_profile(spec: str | None) -> str | None:
@@ -45,7 +58,8 @@ def prepare(opts: RunOptions):
     model_dir = resolve_model_dir(opts.model)
     profile = profiles.find(opts.profile or catalog_profile(opts.model) or profiles.default_profile_for(model_dir))
     cfg = profiles.resolve(profile, opts.decode, model_dir)
-    lm = load_model(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    lm = load_model(model_dir, name=opts.model, force=opts.force, canvas_tokens=PROMPT_ALLOWANCE + cfg.gen_len,
+                    dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
     trained = lm.model.attention.block
     if trained is not None and cfg.block_len != trained:
         err_console.print(f"note: blocks of {cfg.block_len}, but {model_dir.name} was trained with blocks of "
