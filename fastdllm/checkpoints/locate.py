@@ -4,6 +4,7 @@ only), or the built-in model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import UsageError, UserError
@@ -42,7 +43,21 @@ def local_copy(repo_id: str, revision: str | None = None) -> Path | None:
                                        local_files_only=True, **hub_settings()))
     except Exception:   # not in the cache (or a cache we cannot read): the caller downloads it
         return None
-    return found if (found / "config.json").is_file() else None
+    return found if is_complete(found) else None
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint with its config and every weight file (a stopped download is not one yet)."""
+    if not (path / "config.json").is_file():
+        return False
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all((path / s).is_file() for s in shards)
+    return (path / "model.safetensors").is_file()
 
 
 def hub_settings() -> dict:

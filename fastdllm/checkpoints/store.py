@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import UsageError, UserError
 from . import catalog
 from .builtin import builtin_model_path
+from .locate import hub_settings, is_complete
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,6 @@ def _hf_cache() -> list[LocalModel]:
     try:
         from huggingface_hub import scan_cache_dir
 
-        from .locate import hub_settings
-
         cache = scan_cache_dir(hub_settings().get("cache_dir"))
     except Exception:        # no cache yet (CacheNotFound), or no huggingface_hub: nothing there
         return []
@@ -79,8 +78,8 @@ def _hf_cache() -> list[LocalModel]:
         if repo.repo_type != "model":
             continue
         for revision in sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)[:1]:
-            if not (revision.snapshot_path / "config.json").is_file():
-                continue                                   # not a checkpoint (a tokenizer, a dataset)
+            if not is_complete(revision.snapshot_path):
+                continue                  # not a checkpoint (a tokenizer), or a download still to resume
             entry = catalog.lookup(repo.repo_id)
             found.append(_describe(revision.snapshot_path, "hf-cache", name=entry.name if entry else repo.repo_id,
                                    hub=repo.repo_id, remove_root=repo.repo_path, size=repo.size_on_disk,
