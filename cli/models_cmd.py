@@ -151,6 +151,37 @@ def recommend(
     print_columns(rows, header=("NAME", "PARAMETERS", "RUN WITH", "MEMORY", "PROFILE"))
 
 
+@user_errors
+def ps(
+    host: Annotated[str, typer.Option("--host", help="Where `fastdllm serve` listens.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Its port.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="FASTDLLM_API_KEY", help="Its API key, if it has one.")] = None,
+    json_out: Annotated[bool, JSON_OUT] = False,
+):
+    """What a running `fastdllm serve` has loaded (its /api/ps)."""
+    import urllib.error
+    import urllib.request
+
+    from fastdllm.units import human_bytes
+
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/api/ps"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            loaded = json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        raise UserError(f"{url} answered {e.code}" + (": pass --api-key" if e.code == 401 else "")) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"no fastdllm serve at {url} ({reason}); start one with `fastdllm serve`") from None
+    if json_out:
+        out_console.print_json(json.dumps(loaded))
+        return
+    print_columns([(m["name"], m["details"]["family"], human_bytes(m["size"]), m["details"]["quantization_level"].lower(),
+                    "GPU" if m.get("size_vram") else "CPU", f"{m.get('context_length', 0):,}")
+                   for m in loaded["models"]], header=("NAME", "FAMILY", "SIZE", "PRECISION", "PROCESSOR", "CONTEXT"))
+
+
 def best_form(entry, machine) -> tuple[str, str, float] | None:
     """(estimate key, flags, GiB) of the best-quality form of an entry that fits, or None."""
     from fastdllm.checkpoints import fit

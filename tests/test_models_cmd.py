@@ -79,3 +79,14 @@ def test_show_of_an_unknown_name_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     out = CliRunner().invoke(app, ["show", "someone/something"])
     assert out.exit_code == 1 and out.output.count("\n") == 1 and "neither in the catalog nor here" in out.output
+
+
+def test_ps_without_a_server_is_one_line():
+    import socket
+
+    with socket.socket() as s:                          # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = CliRunner().invoke(app, ["ps", "--port", str(port)])
+    assert out.exit_code == 1 and out.output.count("\n") == 1
+    assert out.output.startswith(f"error: no fastdllm serve at http://127.0.0.1:{port}/api/ps")
