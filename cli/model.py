@@ -58,7 +58,8 @@ def prepare(opts: RunOptions):
     model_dir = resolve_model_dir(opts.model)
     profile = profiles.find(opts.profile or catalog_profile(opts.model) or profiles.default_profile_for(model_dir))
     cfg = profiles.resolve(profile, opts.decode, model_dir)
-    lm = load_model(model_dir, name=opts.model, force=opts.force, canvas_tokens=PROMPT_ALLOWANCE + cfg.gen_len,
+    named = opts.model if opts.model and not Path(opts.model).expanduser().exists() else None   # dream:7b
+    lm = load_model(model_dir, name=named, force=opts.force, canvas_tokens=PROMPT_ALLOWANCE + cfg.gen_len,
                     dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
     trained = lm.model.attention.block
     if trained is not None and cfg.block_len != trained:
