@@ -19,11 +19,17 @@ def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def blob_name(path: str, data: bytes) -> str:
+    """The name huggingface_hub's cache gives a file's blob: its ETag (sha256 for LFS files)."""
+    return hashlib.sha256(data).hexdigest() if path.endswith(".safetensors") else git_blob_sha1(data)
+
+
 @dataclass
 class Hub:
     repos: dict[str, dict[str, bytes]]                        # repo id -> path -> bytes
     corrupt: set[str] = field(default_factory=set)            # paths served with their bytes altered
     cut_once: set[str] = field(default_factory=set)           # paths whose first transfer stops half-way
+    failing: set[str] = field(default_factory=set)            # listed, but answered 404 (gone meanwhile)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)   # (method, path, Range)
     server: ThreadingHTTPServer | None = None
 
@@ -86,9 +92,11 @@ class Hub:
                     return
                 if name not in hub.repos[repo]:
                     return self.reply(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+                if name in hub.failing:                    # no retries: huggingface_hub retries 5xx for 30 s
+                    return self.reply(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
                 data = hub.repos[repo][name]
                 lfs = name.endswith(".safetensors")
-                etag = hashlib.sha256(data).hexdigest() if lfs else git_blob_sha1(data)
+                etag = blob_name(name, data)
                 if name in hub.corrupt:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 start = 0

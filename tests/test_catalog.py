@@ -123,7 +123,8 @@ def test_a_short_name_in_model_resolves_to_the_cached_download(tmp_path, monkeyp
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     snapshot = fake_cache(tmp_path, "JetLM/SDAR-1.7B-Chat",
-                          {"config.json": (PUBLISHED_CONFIGS / "JetLM__SDAR-1.7B-Chat.json").read_text()})
+                          {"config.json": (PUBLISHED_CONFIGS / "JetLM__SDAR-1.7B-Chat.json").read_text(),
+                           "model.safetensors": "", "tokenizer.json": "{}"})
     assert resolve_model_dir("sdar:1.7b-chat") == snapshot
     assert resolve_model_dir("JetLM/SDAR-1.7B-Chat") == snapshot
     with pytest.raises(UsageError, match="unknown model 'sdar:2b'"):

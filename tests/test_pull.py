@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cli.app import app
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
 from fastdllm.checkpoints.tiny_random import write_llada
-from hub_server import Hub
+from hub_server import Hub, blob_name
 
 REPO = "JetLM/SDAR-1.7B-Chat"          # catalog entry sdar:1.7b-chat (the tiny files stand in for it)
 
@@ -101,6 +101,23 @@ def test_a_transfer_cut_off_half_way_resumes_from_where_it_stopped(hub, tiny_fil
     assert len(ranges) == 2 and ranges[0] is None                     # the second asks only for the rest
     assert 0 < int(ranges[1].removeprefix("bytes=").rstrip("-")) <= len(weights) // 2
     assert (Path(out.stdout.strip()) / "model.safetensors").read_bytes() == weights
+
+
+def test_a_stopped_pull_keeps_its_whole_files_and_the_next_fetches_only_the_rest(hub, tiny_files, tmp_path):
+    hub.failing.add("tokenizer.json")
+    line = one_error_line(cli("pull", REPO, "-q"))
+    assert "download of JetLM/SDAR-1.7B-Chat failed" in line and "run the same pull again" in line
+    blobs = {b.name for b in (tmp_path / "cache" / "models--JetLM--SDAR-1.7B-Chat" / "blobs").iterdir()}
+    assert not [b for b in blobs if b.endswith(".incomplete")]                 # nothing half-written
+    kept = {name for name, data in tiny_files.items() if blob_name(name, data) in blobs}
+    assert "tokenizer.json" not in kept
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout   # not a model yet
+    hub.failing.clear()
+    hub.requests.clear()
+    out = cli("pull", REPO, "-q")
+    assert out.exit_code == 0, out.output
+    assert "tokenizer.json" in hub.fetched() and not kept & set(hub.fetched())
+    assert local_copy(REPO) == Path(out.stdout.strip())
 
 
 def test_a_corrupted_file_is_refused_by_its_sha256_and_nothing_is_kept(hub, tmp_path):

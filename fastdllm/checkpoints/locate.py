@@ -47,8 +47,9 @@ def local_copy(repo_id: str, revision: str | None = None) -> Path | None:
 
 
 def is_complete(path: Path) -> bool:
-    """A checkpoint with its config and every weight file (a stopped download is not one yet)."""
-    if not (path / "config.json").is_file():
+    """A checkpoint with its config, a tokenizer and every weight file (a stopped download is not
+    one yet)."""
+    if not (path / "config.json").is_file() or not has_tokenizer(path):
         return False
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -58,6 +59,11 @@ def is_complete(path: Path) -> bool:
             return False
         return all((path / s).is_file() for s in shards)
     return (path / "model.safetensors").is_file()
+
+
+def has_tokenizer(path: Path) -> bool:
+    return ((path / "tokenizer.json").is_file() or (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
+            or (path / "tokenizer.model").is_file() or any(path.glob("*.tiktoken")))
 
 
 def hub_settings() -> dict:

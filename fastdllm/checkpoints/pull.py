@@ -2,8 +2,8 @@
 downloader (its progress bars with bytes and rate; a transfer cut off resumes where it stopped,
 with a Range request), only weights, configs and tokenizer files (never a checkpoint's Python),
 each file checked against the size and the LFS sha256 the hub lists. Every failure is one line
-and leaves no half-made copy; after Ctrl+C the files already complete stay, and the next pull
-fetches only the rest."""
+and leaves no half-written file; when a pull stops (the network, Ctrl+C) the files it completed
+stay and the next pull fetches only the rest."""
 
 from __future__ import annotations
 
@@ -54,9 +54,11 @@ def pull(spec: str, *, progress: bool = True) -> Pulled:
         raise UserError(f"{repo_id} has no config.json: not a checkpoint fastdllm can run")
     repo_folder = _repo_folder(repo_id, settings)
     existed = repo_folder.exists()
-    # a snapshot without all its weights is neither listed nor loaded (locate.is_complete)
+    # a stopped pull keeps the files it completed (each whole: huggingface_hub writes a temporary
+    # file and renames it), so the next pull fetches only the rest; until then the snapshot is
+    # neither listed nor loaded (locate.is_complete)
+    path = _download(repo_id, revision, settings, progress)
     try:
-        path = _download(repo_id, revision, settings, progress)
         _verify(path, files)
     except UserError:
         if not existed:                     # a first pull that failed its check leaves nothing behind
@@ -106,8 +108,8 @@ def _download(repo_id: str, revision: str | None, settings: dict, progress: bool
     except KeyboardInterrupt:
         raise
     except Exception as e:
-        raise UserError(f"download of {repo_id} failed ({type(e).__name__}: {one_line(e)}); nothing kept, "
-                        "run the same pull again") from None
+        raise UserError(f"download of {repo_id} failed ({type(e).__name__}: {one_line(e)}); the files "
+                        "already complete are kept: run the same pull again to fetch the rest") from None
 
 
 def one_line(e: Exception) -> str:
