@@ -112,7 +112,7 @@ def pull(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """Download a model into the Hugging Face cache: weights, configs and tokenizer files only
-    (never a checkpoint's Python), sha256-checked; an interrupted pull resumes where it stopped."""
+    (never a checkpoint's Python), sha256-checked; a stopped pull, run again, fetches only the rest."""
     from fastdllm.checkpoints.pull import pull as pull_model
     from fastdllm.units import human_bytes
 
