@@ -72,6 +72,8 @@ def test_errors_come_in_ollamas_shape(client, server):
     with pytest.raises(ollama.ResponseError) as option:
         client.generate(model="tiny-code", prompt="x", options={"top_k": 3})
     assert option.value.status_code == 400 and option.value.error.startswith("options.top_k: not supported")
+    bad = httpx.post(server.url + "/api/generate", json={"model": "tiny-code", "prompt": "x", "options": {"num_predict": "many"}})
+    assert bad.status_code == 400 and bad.json()["error"].startswith("max_tokens:")
     assert httpx.post(server.url + "/api/show", json={"model": "nope"}).json() == {
         "error": "model 'nope' not found (this server serves 'tiny-code')"}
 

@@ -145,8 +145,10 @@ def common(body: dict, server) -> dict:
                        param=f"options.{unknown[0]}")
     openai: dict[str, Any] = {"model": server.model_name, "stream": False}
     for key, field in OPTIONS.items():
-        if options.get(key) is not None and not (key == "num_predict" and options[key] < 0):   # -1: no limit
-            openai[field] = options[key]
+        value = options.get(key)
+        no_limit = key == "num_predict" and isinstance(value, int) and value < 0     # ollama's -1: the default
+        if value is not None and not no_limit:
+            openai[field] = value                   # validated as the OpenAI field (a wrong type: 400)
     return openai
 
 
