@@ -18,6 +18,7 @@ from .eval import EXAMPLES as EVAL_EXAMPLES
 from .eval import eval_
 from .generate import generate
 from .info import info
+from .models_cmd import list_, ps, pull, recommend, rm, show
 from .profiles_cmd import app as profiles_app
 from .serve import EXAMPLES as SERVE_EXAMPLES
 from .serve import serve
@@ -45,6 +46,12 @@ app.command()(bench)
 app.command()(chat)
 app.command(name="eval", epilog=EVAL_EXAMPLES)(eval_)
 app.command()(info)
+app.command(name="list")(list_)
+app.command()(show)
+app.command()(pull)
+app.command()(rm)
+app.command()(recommend)
+app.command()(ps)
 app.command(epilog=SERVE_EXAMPLES)(serve)
 app.add_typer(profiles_app, name="profiles")
 

@@ -1,4 +1,4 @@
-"""`fastdllm info [MODEL]`: what a checkpoint is and how much memory it needs."""
+"""`fastdllm info [MODEL | -m MODEL]`: what a checkpoint is and how much memory it needs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fastdllm.checkpoints.locate import resolve_model_dir
+from fastdllm.errors import UsageError
 
 from .terminal import err_console, out_console, print_columns
 from .user_errors import user_errors
@@ -15,7 +16,8 @@ from .user_errors import user_errors
 
 @user_errors
 def info(
-    model: Annotated[Optional[str], typer.Argument(help="Checkpoint directory or hub id (default: built-in model).")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Checkpoint directory, catalog name or hub id (default: built-in model).")] = None,
+    model_flag: Annotated[Optional[str], typer.Option("--model", "-m", help="The same, as every other command takes it.")] = None,
     gen_len: Annotated[int, typer.Option("--gen-len", "-n", help="Canvas tokens to generate, for the cache estimate.")] = 256,
     prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens, for the cache estimate.")] = 128,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -25,7 +27,9 @@ def info(
     from fastdllm.models.cpu import bf16_note, this_cpu
     from fastdllm.units import human_bytes
 
-    details = inspect_checkpoint(resolve_model_dir(model))
+    if model and model_flag and model != model_flag:
+        raise UsageError(f"two models given: {model} and -m {model_flag}; pass one")
+    details = inspect_checkpoint(resolve_model_dir(model_flag or model))
     memory = memory_estimate(details, prompt_len + gen_len)
     machine = this_cpu()
     if json_out:

@@ -10,13 +10,23 @@ from rich.text import Text
 
 from fastdllm.checkpoints.locate import resolve_model_dir
 
-from .options import RunOptions
+from fastdllm.errors import UserError
+
+from .options import MODEL_DEFAULTS, RunOptions, forced
 from .terminal import err_console, keys_not_echoed
 
 
-def load_model(model_dir: Path, **placement: str):
-    """Load with a spinner on a terminal (stderr)."""
+def load_model(model_dir: Path, *, name: str | None = None, force: bool | None = None, canvas_tokens: int = 384,
+               **placement: str):
+    """Load with a spinner on a terminal (stderr), once the fit verdict allows it (--force skips it)."""
     from fastdllm.checkpoints import loading
+
+    if not forced(force):
+        from fastdllm.checkpoints.fit import check
+
+        if refused := check(model_dir, name or model_dir.name, canvas_tokens=canvas_tokens,
+                            **{k: placement.get(k, MODEL_DEFAULTS[k]) for k in MODEL_DEFAULTS}):
+            raise UserError(refused)
 
     spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
     with spinner, keys_not_echoed():
@@ -30,14 +40,27 @@ def load_model(model_dir: Path, **placement: str):
     return lm
 
 
+PROMPT_ALLOWANCE = 128     # the fit verdict's canvas: the answer's tokens plus a prompt of this many
+
+
+def catalog_profile(spec: str | None) -> str | None:
+    """A catalog name's profile (its authors' settings: TraDo's, Dream-Coder's), else None."""
+    from fastdllm.checkpoints import catalog
+
+    entry = catalog.lookup(spec) if spec else None
+    return entry.profile if entry else None
+
+
 def prepare(opts: RunOptions):
     """Resolve model dir, profile and config (before any weights are read), then load the model."""
     from fastdllm.decode import profiles
 
     model_dir = resolve_model_dir(opts.model)
-    profile = profiles.find(opts.profile or profiles.default_profile_for(model_dir))
+    profile = profiles.find(opts.profile or catalog_profile(opts.model) or profiles.default_profile_for(model_dir))
     cfg = profiles.resolve(profile, opts.decode, model_dir)
-    lm = load_model(model_dir, dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+    named = opts.model if opts.model and not Path(opts.model).expanduser().exists() else None   # dream:7b
+    lm = load_model(model_dir, name=named, force=opts.force, canvas_tokens=PROMPT_ALLOWANCE + cfg.gen_len,
+                    dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
     trained = lm.model.attention.block
     if trained is not None and cfg.block_len != trained:
         err_console.print(f"note: blocks of {cfg.block_len}, but {model_dir.name} was trained with blocks of "

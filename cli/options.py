@@ -31,11 +31,12 @@ def _decode_flag(f) -> tuple[Any, Any]:
 SHORT_FLAGS = {"gen_len": ("-n",), "seed": ("-s",)}
 DECODE_FLAGS = {f.name: _decode_flag(f) for f in fields(DecodeConfig)}
 MODEL_FLAGS = {
-    "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory or hub id (default: built-in model).")),
+    "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory, catalog name (dream:7b) or hub id (default: built-in model).")),
     "profile": (Optional[str], typer.Option("--profile", "-P", help="Profile name or YAML file (default: 'default').")),
     "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU, fp32 on CPU).")),
     "device": (Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto spreads over GPUs with accelerate).")),
     "quantize": (Optional[str], typer.Option("--quantize", help="none | int8 | int4 (CPU kernels) | 8bit | 4bit (bitsandbytes, for GPUs).")),
+    "force": (Optional[bool], typer.Option("--force", help="Load even when the memory estimate says it will not fit (FASTDLLM_FORCE=1).")),
 }
 MODEL_DEFAULTS = {"dtype": "auto", "device": "auto", "quantize": "none"}  # when neither flag nor env
 
@@ -48,6 +49,7 @@ class RunOptions:
     device: str
     quantize: str
     decode: dict[str, Any]          # DecodeConfig overrides from flags (None = not given)
+    force: bool = False             # skip the fit verdict (checkpoints/fit.py)
 
 
 def generation_options(func):
@@ -59,7 +61,7 @@ def generation_options(func):
         opts = RunOptions(model=values["model"] or os.environ.get("FASTDLLM_MODEL"),
                           profile=values["profile"] or os.environ.get("FASTDLLM_PROFILE"),
                           **model_placement(**{k: values[k] for k in MODEL_DEFAULTS}),
-                          decode={k: values[k] for k in DECODE_FLAGS})
+                          decode={k: values[k] for k in DECODE_FLAGS}, force=forced(values["force"]))
         return func(opts=opts, **kwargs)
 
     return with_options(func, wrapper, flags, drop="opts")
@@ -102,6 +104,11 @@ def model_placement(**given: str | None) -> dict[str, str]:
             raise UsageError(f"{source}: {problem}")
         chosen[key] = value
     return chosen
+
+
+def forced(flag: bool | None) -> bool:
+    """--force, else FASTDLLM_FORCE (bench and eval, which load without the shared model flags)."""
+    return bool(flag) or os.environ.get("FASTDLLM_FORCE", "") not in ("", "0")
 
 
 def comma_names(values: list[str] | None) -> list[str] | None:

@@ -41,8 +41,8 @@ def serve(
     *, opts: RunOptions,
 ):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
-    /v1/models, /health, /metrics), batching concurrent requests. The decoding flags set the
-    server's defaults."""
+    /v1/models, /health, /metrics) and ollama's (/api/chat, /api/generate, /api/tags, /api/show,
+    /api/ps, /api/version), batching concurrent requests. The decoding flags set the server's defaults."""
     api_key = api_key or None
     if api_key is None and not insecure and not is_loopback(host):
         raise UsageError(f"--host {host} is reachable from other machines: set --api-key (or FASTDLLM_API_KEY), "
@@ -72,7 +72,7 @@ def run(sock: socket.socket, host: str, opts: RunOptions, *, max_batch: int, max
     server = None
     try:
         app = create_app(lm, scheduler, base_cfg=cfg, profile_name=profile.name, api_key=api_key, metrics=metrics,
-                         cli_flags={k: v for k, v in opts.decode.items() if v is not None})
+                         cli_flags={k: v for k, v in opts.decode.items() if v is not None}, name=served_name(opts.model))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level="warning",
                                                access_log=False))
         shown = f"[{host}]" if ":" in host else host
@@ -84,6 +84,16 @@ def run(sock: socket.socket, host: str, opts: RunOptions, *, max_batch: int, max
     finally:
         # uvicorn waited for the running requests; after a second Ctrl+C (force exit) nobody waits
         scheduler.shutdown(timeout=0 if server is not None and server.force_exit else None)
+
+
+def served_name(spec: str | None) -> str | None:
+    """The name clients ask for: a catalog name or hub id as given (a hub snapshot's folder is a
+    commit hash); a directory keeps its folder's name."""
+    from pathlib import Path
+
+    if spec is None or Path(spec).expanduser().exists():
+        return None
+    return spec
 
 
 @contextmanager

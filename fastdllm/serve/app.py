@@ -16,20 +16,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from . import ollama
 from .jobs import Failed, Finished, Job, QueueFull, ShuttingDown, StepUpdate, TextUpdate
 from .metrics import CONTENT_TYPE
 from .protocol import prepare_chat, prepare_completion
 from .requests import ApiError, Prepared, Server, one_line
 from .responses import CHAT, COMPLETION, Shape, TrimmedText
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+             "/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/version")
 POLL_SECONDS = 0.5          # how often a waiting request looks whether its client is still there
 CLIENT_GONE = 499           # nginx's "client closed request": what the metrics count for it
 
 
 def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, api_key: str | None, metrics,
-               max_body_bytes: int = 1_000_000) -> FastAPI:
-    server = Server(lm, base_cfg, profile_name, dict(cli_flags))
+               max_body_bytes: int = 1_000_000, name: str | None = None) -> FastAPI:
+    server = Server(lm, base_cfg, profile_name, dict(cli_flags), name)
     created = int(time.time())
     # no /docs or /openapi.json: every endpoint but /health sits behind the key
     app = FastAPI(title="fastdllm", docs_url=None, redoc_url=None, openapi_url=None)
@@ -37,21 +39,21 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        return error_response(e)
+        return error_response(e, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
         message, param = one_line(e.errors()[0]) if e.errors() else ("invalid request", None)
-        return error_response(ApiError(400, message, param=param))
+        return error_response(ApiError(400, message, param=param), request.url.path)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        return error_response(ApiError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code))
+        return error_response(ApiError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code), request.url.path)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):    # a bug: one line here, the traceback in the log
-        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"), request.url.path)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -80,9 +82,9 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
         metrics.queue_depth(scheduler.queue_depth)
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    async def answer(request: Request, prepared: Prepared, shape: Shape):
+    def start(request: Request, prepared: Prepared, job_id: str) -> tuple[Job, Updates]:
         updates = Updates(request)
-        job = Job(shape.new_id(), prepared.prompt, prepared.cfg, updates.deliver, stop=prepared.stop,
+        job = Job(job_id, prepared.prompt, prepared.cfg, updates.deliver, stop=prepared.stop,
                   steps=prepared.steps, suffix=prepared.suffix)
         try:
             scheduler.submit(job)
@@ -91,6 +93,22 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
                            code="queue_full", headers={"Retry-After": "1"}) from None
         except ShuttingDown:
             raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down") from None
+        return job, updates
+
+    async def follow(job: Job, updates: Updates):
+        """A job's updates up to its end (ollama's answers); the job is settled however it ends."""
+        try:
+            while (update := await updates.next()) is not None:
+                yield update
+                if isinstance(update, (Finished, Failed)):
+                    return
+        finally:
+            settle(job, updates)
+
+    ollama.add_routes(app, server, start, follow, about=ollama.describe(lm, server.model_name))
+
+    async def answer(request: Request, prepared: Prepared, shape: Shape):
+        job, updates = start(request, prepared, shape.new_id())
         if prepared.stream:
             return StreamingResponse(stream(job, updates, prepared, shape), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -217,7 +235,7 @@ class Gate:
         elif too_large(headers.get("content-length"), self.max_body_bytes):
             refusal = body_too_large(self.max_body_bytes)
         if refusal is not None:
-            return await error_response(refusal)(scope, receive, counted)
+            return await error_response(refusal, path)(scope, receive, counted)
         await self.app(scope, receive, counted)
 
     def authorized(self, header: str) -> bool:
@@ -246,7 +264,9 @@ async def read_json(request: Request, limit: int):
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
 
 
-def error_response(e: ApiError) -> JSONResponse:
+def error_response(e: ApiError, path: str = "") -> JSONResponse:
+    if path.startswith("/api/"):                        # ollama's shape: {"error": "..."}
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 

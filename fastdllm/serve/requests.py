@@ -83,10 +83,11 @@ class Server:
     base_cfg: DecodeConfig          # from the server's profile and flags
     profile_name: str
     cli_flags: dict[str, Any]       # decoding flags given to `fastdllm serve`
+    name: str | None = None         # the name it was asked by (-m dream:7b); else its folder's
 
     @property
     def model_name(self) -> str:
-        return self.lm.path.name
+        return self.name or self.lm.path.name
 
 
 @dataclass(frozen=True)

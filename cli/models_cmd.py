@@ -1,0 +1,208 @@
+"""`fastdllm list / show / rm / recommend`: the models on this machine and in the catalog, as
+ollama users know these verbs. No torch except `recommend` (it asks the GPUs for their free memory)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from fastdllm.errors import UserError
+
+from .terminal import err_console, out_console, print_columns
+from .user_errors import user_errors
+
+MODELS_DIR = typer.Option("--models-dir", help="A folder of checkpoint folders, listed too (FASTDLLM_MODELS).")
+JSON_OUT = typer.Option("--json", help="Print one JSON object.")
+
+
+@user_errors
+def list_(
+    models_dir: Annotated[Optional[str], MODELS_DIR] = None,
+    json_out: Annotated[bool, JSON_OUT] = False,
+):
+    """The models here: the built-in one, the Hugging Face cache, --models-dir."""
+    from fastdllm.checkpoints.store import local_models
+    from fastdllm.units import human_bytes
+
+    models = local_models(models_dir)
+    if json_out:
+        out_console.print_json(json.dumps({"models": [
+            {"name": m.name, "where": m.where, "path": str(m.path), "family": m.family, "size_bytes": m.size_bytes,
+             "quantization": m.quantization, "last_used": m.last_used, "hub": m.hub} for m in models]}))
+        return
+    print_columns([(m.name, m.family, human_bytes(m.size_bytes), m.quantization, ago(m.last_used), m.where)
+                   for m in models], header=("NAME", "FAMILY", "SIZE", "QUANTIZATION", "LAST USED", "WHERE"))
+
+
+@user_errors
+def show(
+    name: Annotated[str, typer.Argument(help="Catalog name (dream:7b), hub id, or a local model's name.")],
+    models_dir: Annotated[Optional[str], MODELS_DIR] = None,
+    json_out: Annotated[bool, JSON_OUT] = False,
+):
+    """A model's card: family, profile, sizes, memory at bf16 / 8-bit / 4-bit, license, where it is."""
+    from fastdllm.checkpoints import catalog
+    from fastdllm.checkpoints.store import find_local
+    from fastdllm.units import human_bytes
+
+    entry = catalog.lookup(name)
+    try:
+        local = find_local(name, models_dir)
+    except UserError:
+        if entry is None:
+            if catalog.is_short_name(name):
+                catalog.find(name)                  # an unknown short name: the close ones, in one line
+            raise UserError(f"'{name}' is neither in the catalog nor here (`fastdllm list`, `fastdllm recommend`)") from None
+        local = None
+    if json_out:
+        card = {"name": entry.name if entry else local.name}
+        if entry:
+            card.update(hub=entry.hub, revision=entry.revision, family=entry.family, profile=entry.profile,
+                        license=entry.license, about=entry.about, **entry.sizes)
+        if local:
+            card.update(path=str(local.path), size_bytes=local.size_bytes, quantization=local.quantization,
+                        family=local.family)
+        out_console.print_json(json.dumps(card))
+        return
+    rows = []
+    if entry:
+        rows += [("name", entry.name), ("about", entry.about), ("hub", entry.hub + (f"@{entry.revision}" if entry.revision else "")),
+                 ("family", entry.family), ("profile", entry.profile), ("parameters", entry.size_label()),
+                 ("context", f"{entry.context:,} tokens" if entry.context else "unknown")]
+        for p in catalog.PRECISIONS:
+            gib = entry.memory_gib(p)
+            rows.append((f"memory {p}", f"{gib:.1f} GiB ({catalog.CANVAS_TOKENS}-token canvas)" if gib else "unknown"))
+        rows.append(("license", entry.license))
+    else:
+        rows += [("name", local.name), ("family", local.family)]
+    if local:
+        rows += [("local", f"{local.path} ({human_bytes(local.size_bytes)}, {local.quantization})")]
+    else:
+        rows += [("local", f"not here: fastdllm pull {entry.name}")]
+    print_columns(rows)
+
+
+@user_errors
+def rm(
+    name: Annotated[str, typer.Argument(help="A local model: catalog name, hub id or folder name (fastdllm list).")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    models_dir: Annotated[Optional[str], MODELS_DIR] = None,
+):
+    """Remove a downloaded model (only its own files)."""
+    from fastdllm.checkpoints.store import find_local, remove
+    from fastdllm.units import human_bytes
+
+    model = find_local(name, models_dir)
+    if model.remove_root is None:
+        remove(model)                                            # raises: the built-in model stays
+    if not yes and not typer.confirm(f"remove {model.name} ({human_bytes(model.size_bytes)}, {model.remove_root})?",
+                                     default=False, err=True):
+        err_console.print("not removed")
+        raise typer.Exit(1)
+    freed = remove(model)
+    err_console.print(f"removed {model.name} ({human_bytes(freed)} freed)")
+
+
+@user_errors
+def pull(
+    name: Annotated[str, typer.Argument(help="Catalog name (dream:7b) or hub id (ORG/NAME).")],
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+):
+    """Download a model into the Hugging Face cache: weights, configs and tokenizer files only
+    (never a checkpoint's Python), sha256-checked; a stopped pull, run again, fetches only the rest."""
+    from fastdllm.checkpoints.pull import pull as pull_model
+    from fastdllm.units import human_bytes
+
+    done = pull_model(name, progress=not quiet and err_console.is_terminal)
+    if done.skipped_code:
+        err_console.print(f"note: not fetched (code is never run): {', '.join(done.skipped_code)}", style="yellow")
+    err_console.print(f"pulled {done.name}: {len(done.files)} files, {human_bytes(done.bytes)}, sha256 checked")
+    out_console.print(str(done.path))
+
+
+@user_errors
+def recommend(
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N: where it would run.")] = "auto",
+    all_: Annotated[bool, typer.Option("--all", help="Also the entries that do not fit.")] = False,
+    json_out: Annotated[bool, JSON_OUT] = False,
+):
+    """The catalog entries that fit this machine, each in the best form that fits, with its settings."""
+    from fastdllm.checkpoints import catalog, fit
+
+    machine = fit.this_machine(device)
+    rows, found = [], []
+    for entry in catalog.entries().values():
+        form = best_form(entry, machine)
+        if form is None and not all_:
+            continue
+        key, flags, gib = form or ("-", "does not fit", None)
+        found.append({"name": entry.name, "fits": form is not None, "form": key, "flags": flags, "memory_gib": gib,
+                      "profile": entry.profile, "parameters": entry.parameters})
+        rows.append((entry.name, entry.size_label(), flags, f"{gib:.1f} GiB" if gib else "?", f"-P {entry.profile}"))
+    if json_out:
+        out_console.print_json(json.dumps({"free_bytes": machine.free_bytes, "where": machine.label, "models": found}))
+        return
+    err_console.print(f"{machine.label}: {fit.gib(machine.free_bytes)} free (1 GiB kept for running)")
+    if not rows:
+        raise UserError(f"no catalog model fits in {fit.gib(machine.free_bytes)}; `fastdllm recommend --all` lists their needs")
+    print_columns(rows, header=("NAME", "PARAMETERS", "RUN WITH", "MEMORY", "PROFILE"))
+
+
+@user_errors
+def ps(
+    host: Annotated[str, typer.Option("--host", help="Where `fastdllm serve` listens.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Its port.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="FASTDLLM_API_KEY", help="Its API key, if it has one.")] = None,
+    json_out: Annotated[bool, JSON_OUT] = False,
+):
+    """What a running `fastdllm serve` has loaded (its /api/ps)."""
+    import urllib.error
+    import urllib.request
+
+    from fastdllm.units import human_bytes
+
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/api/ps"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            loaded = json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        raise UserError(f"{url} answered {e.code}" + (": pass --api-key" if e.code == 401 else "")) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"no fastdllm serve at {url} ({reason}); start one with `fastdllm serve`") from None
+    if json_out:
+        out_console.print_json(json.dumps(loaded))
+        return
+    print_columns([(m["name"], m["details"]["family"], human_bytes(m["size"]), m["details"]["quantization_level"].lower(),
+                    "GPU" if m.get("size_vram") else "CPU", f"{m.get('context_length', 0):,}")
+                   for m in loaded["models"]], header=("NAME", "FAMILY", "SIZE", "PRECISION", "PROCESSOR", "CONTEXT"))
+
+
+def best_form(entry, machine) -> tuple[str, str, float] | None:
+    """(estimate key, flags, GiB) of the best-quality form of an entry that fits, or None."""
+    from fastdllm.checkpoints import fit
+
+    # the catalog holds bf16 / 8bit / 4bit; the CPU kernels' int8 / int4 take about what 8bit / 4bit take
+    forms = ([("bf16", "bf16", "--dtype bf16"), ("8bit", "8bit", "--quantize 8bit"), ("4bit", "4bit", "--quantize 4bit")]
+             if machine.kind == "gpu" else
+             [("bf16", "bf16", "--dtype bf16")] + ([] if entry.family == "diffusion_gemma" else
+                                                    [("8bit", "int8", "--quantize int8"), ("4bit", "int4", "--quantize int4")]))
+    for key, label, flags in forms:
+        gib = entry.memory_gib(key)
+        if gib and machine.fits(int(gib * fit.GIB)):
+            return label, flags, gib
+    return None
+
+
+def ago(seconds_since_epoch: float) -> str:
+    """'3 minutes ago', '2 days ago'."""
+    delta = max(0, time.time() - seconds_since_epoch)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if delta >= size:
+            n = int(delta // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"

@@ -1,0 +1,88 @@
+"""The catalog (catalog.yaml): short names such as `dream:7b` for published checkpoints, with their
+hub id, family, profile, license and sizes. Read without torch, so that `list`, `show` and
+`--help` stay fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from ..errors import UsageError
+
+CATALOG_FILE = Path(__file__).resolve().parent / "catalog.yaml"
+PRECISIONS = ("bf16", "8bit", "4bit")
+CANVAS_TOKENS = 384        # the sizes' KV cache: info's default canvas, 128 prompt + 256 generated
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    hub: str
+    family: str
+    profile: str
+    license: str
+    about: str = ""
+    revision: str | None = None
+    shape: str | None = None
+    sizes: dict = field(default_factory=dict)
+
+    @property
+    def parameters(self) -> int | None:
+        return self.sizes.get("parameters")
+
+    @property
+    def active_parameters(self) -> int | None:
+        return self.sizes.get("active")
+
+    @property
+    def context(self) -> int | None:
+        return self.sizes.get("context")
+
+    def memory_gib(self, precision: str) -> float | None:
+        """GiB of weights plus a bf16 KV cache of CANVAS_TOKENS, at bf16 / 8bit / 4bit; None if unknown."""
+        return self.sizes.get(f"{precision}_gib")
+
+    def size_label(self) -> str:
+        """`8.0B`, or `16.3B (1.4B active)` for a mixture of experts."""
+        if not self.parameters:
+            return "unknown"
+        total = f"{self.parameters / 1e9:.1f}B"
+        if self.active_parameters and self.active_parameters != self.parameters:
+            return f"{total} ({self.active_parameters / 1e9:.1f}B active)"
+        return total
+
+
+@lru_cache(maxsize=1)
+def entries() -> dict[str, Entry]:
+    """Every catalog entry by short name, in the file's order."""
+    raw = yaml.safe_load(CATALOG_FILE.read_text())
+    return {name: Entry(name=name, **dict(fields, sizes=fields.get("sizes") or {})) for name, fields in raw.items()}
+
+
+def is_short_name(spec: str) -> bool:
+    """`family:tag` (hub ids have a '/', directories a '/' or no ':'); Windows drives are not ours."""
+    return ":" in spec and "/" not in spec and "\\" not in spec
+
+
+def lookup(spec: str) -> Entry | None:
+    """The entry a short name or hub id names (case-insensitive), or None."""
+    wanted = spec.strip().lower()
+    for entry in entries().values():
+        if wanted in (entry.name.lower(), entry.hub.lower()):
+            return entry
+    return None
+
+
+def find(name: str) -> Entry:
+    """The entry a short name names; a one-line error with the closest names otherwise."""
+    entry = lookup(name)
+    if entry is not None:
+        return entry
+    family = name.split(":")[0].lower()
+    close = [n for n in entries() if n.split(":")[0] == family] or list(entries())
+    raise UsageError(f"unknown model '{name}': try {', '.join(close[:6])}"
+                     + (" ..." if len(close) > 6 else "") + " (`fastdllm recommend` lists them all)")

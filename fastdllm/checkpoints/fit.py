@@ -1,0 +1,123 @@
+"""Will it fit? `info`'s memory estimate against this machine (free memory of each GPU, or the
+system's available RAM) before any weight is read, and the one line that refuses what cannot fit,
+naming the quantization that would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+HEADROOM = 1 * GIB     # CUDA context or the process itself, allocator slack, a step's activations and logits
+
+
+@dataclass(frozen=True)
+class Machine:
+    kind: str               # "gpu" or "cpu"
+    label: str              # "this GPU", "cuda:1", "2 GPUs", "this machine's RAM"
+    free_bytes: int
+
+    def fits(self, need: int) -> bool:
+        return need + HEADROOM <= self.free_bytes
+
+
+def this_machine(device: str = "auto") -> Machine:
+    """Where the weights go: the named GPU, every GPU (--device auto spreads over them), else RAM."""
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        if device.startswith("cuda:"):
+            index = int(device.split(":")[1])
+            return Machine("gpu", device, torch.cuda.mem_get_info(index)[0])
+        if device == "cuda":
+            return Machine("gpu", "this GPU", torch.cuda.mem_get_info(torch.cuda.current_device())[0])
+        free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+        return Machine("gpu", "this GPU" if len(free) == 1 else f"{len(free)} GPUs", sum(free))
+    return Machine("cpu", "this machine's RAM", available_ram())
+
+
+def available_ram() -> int:
+    """MemAvailable (Linux: what can be had without swapping), else the physical total."""
+    import os
+
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def choices(kind: str, packed_experts: bool = False) -> list[tuple[str, str]]:
+    """(estimate key, the flags that choose it), best quality first, for this kind of machine."""
+    if kind == "gpu":
+        return [("bf16", "--dtype bf16"), ("8bit", "--quantize 8bit"), ("4bit", "--quantize 4bit")]
+    cpu = [("fp32", "--dtype fp32"), ("bf16", "--dtype bf16")]
+    return cpu if packed_experts else cpu + [("int8", "--quantize int8"), ("int4", "--quantize int4")]
+
+
+def chosen_key(kind: str, dtype: str, quantize: str) -> str:
+    """The estimate key of what the flags load: --quantize, else the dtype (auto: bf16 on a GPU, fp32 on a CPU)."""
+    if quantize != "none":
+        return quantize
+    if dtype == "auto":
+        return "bf16" if kind == "gpu" else "fp32"
+    return {"fp16": "bf16", "fp64": "fp64"}.get(dtype, dtype)
+
+
+def with_float_widths(memory: dict[str, dict[str, int]]) -> dict[str, int]:
+    """memory_estimate's totals, plus fp32 / fp64 (every weight and the cache 2x / 4x bf16's)."""
+    totals = {k: v["total"] for k, v in memory.items()}
+    totals["fp32"], totals["fp64"] = 2 * totals["bf16"], 4 * totals["bf16"]
+    return totals
+
+
+def refusal(name: str, totals: dict[str, int], key: str, machine: Machine, packed_experts: bool = False) -> str | None:
+    """None when `key` fits; else one line: what it needs, what is free, and what would fit."""
+    need = totals.get(key)
+    if need is None or machine.fits(need):
+        return None
+    # where only the headroom is missing, say so: "needs 10.5 GiB; has 11.0 GiB free" alone would puzzle
+    spare = f" and {gib(HEADROOM)} to run" if need <= machine.free_bytes else ""
+    what = f"{name} needs {gib(need)} at {key}{spare}; {machine.label} has {gib(machine.free_bytes)} free"
+    order = choices(machine.kind, packed_experts)
+    keys = [k for k, _ in order]
+    # the forms after this one, best quality first (fp64 or an unknown key: every smaller form)
+    later = order[keys.index(key) + 1:] if key in keys else [c for c in order if totals.get(c[0], need) < need]
+    for k, flag in later:
+        if k in totals and machine.fits(totals[k]):
+            return f"{what}: try {flag} ({gib(totals[k])}), or --force to load anyway"
+    least = min(totals[k] for k, _ in choices(machine.kind, packed_experts) if k in totals)
+    return (f"{what}: even the smallest form needs {gib(least)}; try a smaller model "
+            f"(`fastdllm recommend`), or --force to load anyway")
+
+
+def estimate(model_dir: Path, canvas_tokens: int) -> tuple[dict[str, int], bool]:
+    """(totals by key, packed experts?) for a checkpoint directory, from its headers: no weights read."""
+    from safetensors import safe_open
+
+    from .family import family_of, read_config
+    from .info import memory_estimate, shape_summary, shard_files
+
+    config, _, _ = family_of(read_config(model_dir), model_dir, refuse=False)
+    shapes = {}
+    for shard in shard_files(model_dir):
+        with safe_open(str(shard), "pt") as f:
+            shapes.update({n: f.get_slice(n).get_shape() for n in f.keys()})
+    info = shape_summary(shapes, config)
+    return with_float_widths(memory_estimate(info, canvas_tokens)), info["packed_experts"]
+
+
+def check(model_dir: Path, name: str, *, dtype: str, device: str, quantize: str, canvas_tokens: int) -> str | None:
+    """The refusal line for loading `model_dir` this way here, or None (fits, or cannot be told)."""
+    try:
+        totals, packed = estimate(model_dir, canvas_tokens)
+    except Exception:      # headers unreadable: loading itself reports that in its own words
+        return None
+    machine = this_machine(device)
+    return refusal(name, totals, chosen_key(machine.kind, dtype, quantize), machine, packed)
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"

@@ -1,0 +1,156 @@
+"""`pull`, `list`, `show`, `rm` against a stand-in hub on 127.0.0.1 (tests/hub_server.py, reached
+through HF_ENDPOINT): huggingface_hub's real download code runs. A complete pull by short name, a
+transfer cut off and resumed, a corrupted file refused by its sha256, a repo's .py never fetched,
+a missing repo and an unreachable hub: one line each, nothing half-written left in the cache."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
+from fastdllm.checkpoints.tiny_random import write_llada
+from hub_server import Hub, blob_name
+
+REPO = "JetLM/SDAR-1.7B-Chat"          # catalog entry sdar:1.7b-chat (the tiny files stand in for it)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory) -> dict[str, bytes]:
+    folder = write_llada(tmp_path_factory.mktemp("tiny") / "ckpt", d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64)
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    # what a hub repo also holds: the authors' code (never fetched) and a README (not a weight file)
+    files["modeling_llada.py"] = b"raise SystemExit('a checkpoint\\'s code must never run')\n"
+    files["configuration_llada.py"] = b"import os\n"
+    files["README.md"] = b"# tiny\n"
+    return files
+
+
+@pytest.fixture
+def hub(tiny_files, tmp_path, monkeypatch):
+    server = Hub(repos={REPO: dict(tiny_files)}).start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    yield server
+    server.stop()
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_error_line(out) -> str:
+    assert out.exit_code == 1, out.output
+    assert out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
+    return out.output
+
+
+def cached_repos(tmp_path: Path) -> list[str]:
+    cache = tmp_path / "cache"
+    return sorted(p.name for p in cache.iterdir() if p.name.startswith("models--")) if cache.is_dir() else []
+
+
+def test_pull_by_short_name_fetches_the_checkpoint_but_never_its_code(hub, tiny_files, tmp_path):
+    out = cli("pull", "sdar:1.7b-chat")
+    assert out.exit_code == 0, out.output
+    snapshot = Path(out.stdout.strip().splitlines()[-1])
+    wanted = sorted(n for n in tiny_files if not n.endswith((".py", ".md")))
+    assert sorted(p.name for p in snapshot.iterdir()) == wanted
+    assert all((snapshot / n).read_bytes() == tiny_files[n] for n in wanted)
+    assert not [f for f in hub.fetched() if f.endswith(".py")]
+    assert "not fetched (code is never run): configuration_llada.py, modeling_llada.py" in out.output
+    assert f"pulled sdar:1.7b-chat: {len(wanted)} files" in out.output
+    # the short name now means this copy in every -m, without the network
+    hub.requests.clear()
+    assert resolve_model_dir("sdar:1.7b-chat") == snapshot and hub.requests == []
+
+
+def test_list_show_and_rm_see_the_pulled_model(hub, tmp_path):
+    assert cli("pull", REPO, "-q").exit_code == 0
+    listed = cli("list")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("sdar:1.7b-chat"))
+    assert row.split()[1] == "llada" and row.split()[-1] == "hf-cache"
+    assert "tiny-code" in listed.stdout                                 # the built-in model is listed too
+    shown = cli("show", "sdar:1.7b-chat")
+    assert "JetLM/SDAR-1.7B-Chat" in shown.stdout and str(tmp_path / "cache") in shown.stdout
+    refused = CliRunner().invoke(app, ["rm", "sdar:1.7b-chat"], input="n\n")
+    assert refused.exit_code == 1 and cached_repos(tmp_path) == ["models--JetLM--SDAR-1.7B-Chat"]
+    removed = cli("rm", "sdar:1.7b-chat", "-y")
+    assert removed.exit_code == 0 and "removed sdar:1.7b-chat" in removed.output
+    assert cached_repos(tmp_path) == [] and "sdar:1.7b-chat" not in cli("list").stdout
+    assert "no local model 'sdar:1.7b-chat'" in one_error_line(cli("rm", "sdar:1.7b-chat", "-y"))
+
+
+def test_a_transfer_cut_off_half_way_resumes_from_where_it_stopped(hub, tiny_files, monkeypatch):
+    from huggingface_hub import constants
+
+    # huggingface_hub keeps what it has read in chunks of 10 MB; our file is 70 KB: chunks of 4 KB
+    # make it behave as a large file does
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+    weights = tiny_files["model.safetensors"]
+    hub.cut_once.add("model.safetensors")
+    out = cli("pull", REPO, "-q")
+    assert out.exit_code == 0, out.output
+    ranges = [r for m, p, r in hub.requests if m == "GET" and p.endswith("/model.safetensors")]
+    assert len(ranges) == 2 and ranges[0] is None                     # the second asks only for the rest
+    assert 0 < int(ranges[1].removeprefix("bytes=").rstrip("-")) <= len(weights) // 2
+    assert (Path(out.stdout.strip()) / "model.safetensors").read_bytes() == weights
+
+
+def test_a_stopped_pull_keeps_its_whole_files_and_the_next_fetches_only_the_rest(hub, tiny_files, tmp_path):
+    hub.failing.add("tokenizer.json")
+    line = one_error_line(cli("pull", REPO, "-q"))
+    assert "download of JetLM/SDAR-1.7B-Chat failed" in line and "run the same pull again" in line
+    blobs = {b.name for b in (tmp_path / "cache" / "models--JetLM--SDAR-1.7B-Chat" / "blobs").iterdir()}
+    assert not [b for b in blobs if b.endswith(".incomplete")]                 # nothing half-written
+    kept = {name for name, data in tiny_files.items() if blob_name(name, data) in blobs}
+    assert "tokenizer.json" not in kept
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout   # not a model yet
+    hub.failing.clear()
+    hub.requests.clear()
+    out = cli("pull", REPO, "-q")
+    assert out.exit_code == 0, out.output
+    assert "tokenizer.json" in hub.fetched() and not kept & set(hub.fetched())
+    assert local_copy(REPO) == Path(out.stdout.strip())
+
+
+def test_a_corrupted_file_is_refused_by_its_sha256_and_nothing_is_kept(hub, tmp_path):
+    hub.corrupt.add("model.safetensors")
+    line = one_error_line(cli("pull", REPO, "-q"))
+    assert "model.safetensors does not match the sha256 the hub lists" in line
+    assert cached_repos(tmp_path) == []
+    assert local_copy(REPO) is None                     # nor is a copy found offline afterwards
+    hub.corrupt.clear()                                 # the next pull fetches it again, whole
+    out = cli("pull", REPO, "-q")
+    assert out.exit_code == 0
+    data = (Path(out.stdout.strip()) / "model.safetensors").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
+
+
+def test_a_missing_repo_is_one_line_and_writes_nothing(hub, tmp_path):
+    line = one_error_line(cli("pull", "nobody/nothing"))
+    assert "no model 'nobody/nothing' on the hub" in line
+    assert cached_repos(tmp_path) == []
+
+
+def test_an_unreachable_hub_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    with socket.socket() as s:                          # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    line = one_error_line(cli("pull", "dream:7b"))
+    assert f"cannot reach the hub at http://127.0.0.1:{port}" in line
+    assert cached_repos(tmp_path) == []
+
+
+def test_names_that_are_neither_are_usage_errors(hub):
+    out = cli("pull", "dream:9b")
+    assert out.exit_code == 2 and "unknown model 'dream:9b': try dream:7b" in out.output
+    assert cli("pull", "no-slash-here").exit_code == 2
