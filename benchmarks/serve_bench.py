@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Load test of `fastdllm serve` (a benchmark, not a test).
 
-    python scripts/serve_bench.py                                   # built-in model, CPU
-    python scripts/serve_bench.py -m DIR --dtype bf16 --max-tokens 256 --requests 64
+    python benchmarks/serve_bench.py                                   # built-in model, CPU
+    python benchmarks/serve_bench.py -m DIR --dtype bf16 --max-tokens 256 --requests 64
 
 For each --max-batch setting a real server process is started on a free loopback port; then
 --requests completions (the built-in code prompts, cycled) are sent at each concurrency by that

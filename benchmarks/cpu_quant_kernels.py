@@ -7,9 +7,9 @@ weights with int8 activations ("w8a8": Int8Linear.matmul_int8 itself, per-row dy
 quantization + `torch._int_mm` + rescale, the path Int8Linear takes from W8A8_ROWS rows; "w4a8":
 Int4Linear.matmul_int8, the same after unpacking the int4 codes to int8).
 
-    python scripts/cpu_quant_kernels.py                        # the 0.5B and mid shapes, M 1..320
-    python scripts/cpu_quant_kernels.py --shapes 0.5b --rows 1,32 --reps 7
-    python scripts/cpu_quant_kernels.py --shapes 0.5b --no-head --variants "bf16,int8 bf16,w8a8 bf16"
+    python benchmarks/cpu_quant_kernels.py                        # the 0.5B and mid shapes, M 1..320
+    python benchmarks/cpu_quant_kernels.py --shapes 0.5b --rows 1,32 --reps 7
+    python benchmarks/cpu_quant_kernels.py --shapes 0.5b --no-head --variants "bf16,int8 bf16,w8a8 bf16"
 
 Variants of one (shape, M) are interleaved (A B C A B C ...); the table gives the median ms of the
 repetitions and each variant's speed-up over bf16.

@@ -1,4 +1,4 @@
-"""The published MoE shapes of scripts/moe_speed.py and scripts/moe_memory.py: their configs (as
+"""The published MoE shapes of benchmarks/moe_speed.py and benchmarks/moe_memory.py: their configs (as
 published, cut to fewer MoE layers or experts, or turned dense at the active expert width), the
 random-weight models built from them, and what a step of those models reads.
 """

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """fastdllm beside llama.cpp's diffusion CLI on the same random Dream-format checkpoint (a benchmark).
 
-    python scripts/vs_llamacpp.py --shapes 22m                      # token equality and timings
-    python scripts/vs_llamacpp.py --shapes 0.5b --eq-steps 32 --e2e project --reps 2
-    python scripts/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
+    python benchmarks/vs_llamacpp.py --shapes 22m                      # token equality and timings
+    python benchmarks/vs_llamacpp.py --shapes 0.5b --eq-steps 32 --e2e project --reps 2
+    python benchmarks/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
 
-scripts/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
+benchmarks/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
 the checkpoint with llama.cpp's own tools, once, into a cache outside the repository.
 
 Which llama.cpp setting is which fastdllm rule (examples/diffusion/diffusion.cpp):
@@ -49,10 +49,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import llamacpp_build as lb  # scripts/llamacpp_build.py
+import llamacpp_build as lb  # benchmarks/llamacpp_build.py
 import llamacpp_runs
 import torch
-from llamacpp_runs import (  # scripts/llamacpp_runs.py
+from llamacpp_runs import (  # benchmarks/llamacpp_runs.py
     cfg_of,
     fastdllm,
     llama,

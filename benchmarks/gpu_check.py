@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU check of the CUDA-graph path (needs a CUDA device; a check to run by hand, not a CI test).
 
-    python scripts/gpu_check.py
+    python benchmarks/gpu_check.py
 
 Tiny random LLaDA and Dream checkpoints in the published formats, fp32 on the GPU, a batch of two
 prompts of different lengths: decoding with graph replay must commit exactly the same tokens at

@@ -1,4 +1,4 @@
-"""The step scripts/moe_speed.py times: one decoding forward of a MoE model or its dense twin, as the
+"""The step benchmarks/moe_speed.py times: one decoding forward of a MoE model or its dense twin, as the
 family decodes (a cached block, or RND1's whole canvas without a cache), with per-layer times and the
 experts the step's tokens hit."""
 

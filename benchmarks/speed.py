@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Per-step cost of the three cache modes on a random LLaDA-shaped model (a benchmark, not a test).
 
-    python scripts/speed.py                                  # the issue's CPU shape, bf16
-    python scripts/speed.py --d-model 4096 --layers 32 --heads 32 --mlp 12288 --vocab 126464 \
+    python benchmarks/speed.py                                  # the issue's CPU shape, bf16
+    python benchmarks/speed.py --d-model 4096 --layers 32 --heads 32 --mlp 12288 --vocab 126464 \
         --prompt 512 --gen-len 256,1024 --device cuda --in-memory   # LLaDA-8B shape on a GPU
-    python scripts/speed.py --d-model 4096 --layers 32 --heads 32 --mlp 12288 --vocab 126464 \
+    python benchmarks/speed.py --d-model 4096 --layers 32 --heads 32 --mlp 12288 --vocab 126464 \
         --prompt 512 --gen-len 256 --modes dual,prefix --graphs off,on --batch 1,8,32 \
         --device cuda --in-memory                                   # the device step's check (issue 26)
 
@@ -138,7 +138,7 @@ def weight_read_bound(lm, args) -> float:
 
 def read_bandwidth(device: torch.device) -> float:
     """Bytes/s of one reading pass over a buffer (1 GiB on a GPU, 256 MiB on a CPU; best of 3),
-    as scripts/moe_speed.py: what a weight-bound step can hope for."""
+    as benchmarks/moe_speed.py: what a weight-bound step can hope for."""
     x = torch.ones(2**28 if device.type == "cuda" else 2**26, device=device)
     best = float("inf")
     for _ in range(4):                           # the first pass warms up

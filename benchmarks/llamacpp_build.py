@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""llama.cpp's diffusion CLI for scripts/vs_llamacpp.py: download, build, checkpoints, conversion.
+"""llama.cpp's diffusion CLI for benchmarks/vs_llamacpp.py: download, build, checkpoints, conversion.
 
-    python scripts/llamacpp_build.py                 # build only (prints what it built)
-    python scripts/llamacpp_build.py --shape 22m     # and that shape's GGUFs (f32, bf16, q8_0, q4_0)
+    python benchmarks/llamacpp_build.py                 # build only (prints what it built)
+    python benchmarks/llamacpp_build.py --shape 22m     # and that shape's GGUFs (f32, bf16, q8_0, q4_0)
 
 Everything lands in a cache directory outside the repository ($FASTDLLM_VS_LLAMACPP or
 ~/.cache/fastdllm-vs-llamacpp/), each step done once:
@@ -124,7 +124,7 @@ _PATCHES = [  # (anchor in diffusion-cli.cpp, text inserted before it)
      "    const int64_t t_gen = ggml_time_us();  // vs_llamacpp\n"),
 ]
 _CMAKE = """
-# fastdllm scripts/llamacpp_build.py: diffusion-cli.cpp with prompt ids in, canvas ids out
+# fastdllm benchmarks/llamacpp_build.py: diffusion-cli.cpp with prompt ids in, canvas ids out
 add_executable(llama-diffusion-ids diffusion-ids.cpp)
 target_link_libraries(llama-diffusion-ids PRIVATE llama-diffusion llama llama-common ${CMAKE_THREAD_LIBS_INIT})
 target_compile_features(llama-diffusion-ids PRIVATE cxx_std_17)

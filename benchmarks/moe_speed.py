@@ -2,11 +2,11 @@
 """Mixture-of-experts decoding cost against a dense model of the same active size, and the memory
 of the full MoE checkpoints (a benchmark, not a test; issue 14).
 
-    python scripts/moe_speed.py                                    # CPU, fp32: LLaDA2-mini per layer, 2 layers
-    python scripts/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
-    python scripts/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
-    python scripts/moe_speed.py --shapes sdar-30b-a3b --block 4 --masked 0.75   # SDAR's blocks of 4
-    python scripts/moe_speed.py --shapes rnd1-30b-a3b --prefix 64 --gen-len 256   # RND1: the whole canvas, no cache
+    python benchmarks/moe_speed.py                                    # CPU, fp32: LLaDA2-mini per layer, 2 layers
+    python benchmarks/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
+    python benchmarks/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
+    python benchmarks/moe_speed.py --shapes sdar-30b-a3b --block 4 --masked 0.75   # SDAR's blocks of 4
+    python benchmarks/moe_speed.py --shapes rnd1-30b-a3b --prefix 64 --gen-len 256   # RND1: the whole canvas, no cache
 
 1. Per-step cost. The published config (fastdllm/checkpoints/published/<family>/config.json) with only
    `--layers` (every one a MoE layer: the published dense layer 0 is left out, so the figures are
@@ -20,7 +20,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
    blocks are 4 tokens: `--block 4`), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step).
    RND1 decodes one global canvas without a cache: its step is a forward over the whole canvas
    (`--prefix` prompt tokens and `--gen-len` answer slots, a `--masked` share of them masks), and so
-   is its dense twin's (scripts/moe_step.py). Fewer experts
+   is its dense twin's (benchmarks/moe_step.py). Fewer experts
    change nothing in the compute of one token, but they change how many distinct experts the
    block's tokens hit, and every expert hit is read once per step: that count (measured, and the
    expectation under uniform routing) is printed beside the cost. The MoE model is timed twice:
@@ -51,11 +51,11 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from moe_memory import (  # scripts/moe_memory.py: the memory table (part 3)
+from moe_memory import (  # benchmarks/moe_memory.py: the memory table (part 3)
     add_memory_args,
     memory,
 )
-from moe_shapes import (  # scripts/moe_shapes.py
+from moe_shapes import (  # benchmarks/moe_shapes.py
     SHAPES,
     active_parameters,
     active_width,
@@ -69,7 +69,7 @@ from moe_shapes import (  # scripts/moe_shapes.py
     read_per_step,
     shared_width,
 )
-from moe_step import (  # scripts/moe_step.py: the timed step
+from moe_step import (  # benchmarks/moe_step.py: the timed step
     WHOLE_CANVAS,
     Step,
     sync,
@@ -247,7 +247,7 @@ def main() -> None:
                            f"{args.prefix + args.gen_len}, median of {args.reps}; {', '.join(WHOLE_CANVAS)}: the "
                            f"whole canvas, {args.masked:.0%} of its {args.gen_len} answer slots masks, no cache"),
                   ("weights", "random (std 0.02), built in memory")]
-    print("# MoE against dense of the same active size (scripts/moe_speed.py)\n\n| condition | value |\n|---|---|")
+    print("# MoE against dense of the same active size (benchmarks/moe_speed.py)\n\n| condition | value |\n|---|---|")
     for key, value in conditions:
         print(f"| {key} | {value} |")
     if not args.skip_speed:

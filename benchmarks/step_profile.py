@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """A decode step's own cost: the forward against everything else the step does (a benchmark, not a test).
 
-    python scripts/step_profile.py                            # both shapes, bf16 and fp32, every cache mode
-    python scripts/step_profile.py --shapes 0.5b --dtypes bf16 --modes dual --reps 5
-    python scripts/step_profile.py --shapes 0.5b --quantize int8,int4 --modes dual   # + weight-only int8/int4
+    python benchmarks/step_profile.py                            # both shapes, bf16 and fp32, every cache mode
+    python benchmarks/step_profile.py --shapes 0.5b --dtypes bf16 --modes dual --reps 5
+    python benchmarks/step_profile.py --shapes 0.5b --quantize int8,int4 --modes dual   # + weight-only int8/int4
 
 Real decode steps through the engine (fixed rule, one token per step, greedy, prob confidence) on
-random models built in memory (scripts/speed.py's builder). The engine's forward is wrapped in a
+random models built in memory (benchmarks/speed.py's builder). The engine's forward is wrapped in a
 clock; "rest" is the step's wall time minus its forward: confidence, selection, commits, the
 candidates' gather, the host transfer and the block loop's own work; "predict" is the part of the
 rest spent in selection.predict (confidences and tokens over the vocabulary). The repetitions of the
@@ -26,7 +26,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import torch
-from speed import (  # scripts/speed.py: random weights of any shape
+from speed import (  # benchmarks/speed.py: random weights of any shape
     build_in_memory,
     in_memory,
 )

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """fastdllm against the authors' LLaDA code, per step, in every cache mode (a benchmark, not a test).
 
-    python scripts/vs_authors.py --authors ~/src/Fast-dLLM            # mid shape, fp32 and bf16
-    python scripts/vs_authors.py --authors ~/src/Fast-dLLM --dtypes bf16 --modes dual --reps 5
+    python benchmarks/vs_authors.py --authors ~/src/Fast-dLLM            # mid shape, fp32 and bf16
+    python benchmarks/vs_authors.py --authors ~/src/Fast-dLLM --dtypes bf16 --modes dual --reps 5
 
 `--authors` is a checkout of NVlabs/Fast-dLLM; nothing of it is part of fastdllm. Its
 `llada/generate.py` (`generate`, `generate_with_prefix_cache`, `generate_with_dual_cache`) and its
 `llada/model` (`LLaDAModelLM`, `LLaDAConfig`) are imported from that path at run time.
 
 One random checkpoint in LLaDA-8B-Instruct's published layout (config.json, tensor names) is written
-with fastdllm's writer (`write_llada`; default: the "mid" shape of scripts/step_profile.py, d_model 512,
+with fastdllm's writer (`write_llada`; default: the "mid" shape of benchmarks/step_profile.py, d_model 512,
 8 layers, 8 heads, MLP 1408, with LLaDA's vocabulary size 126464; `logit_scale` makes the confidences
 peaked and varied, so that the threshold rule commits one to several tokens a step, as a trained model
 does). The authors' model is built from that config.json with their config class and loads the

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Memory of the full published MoE checkpoints at bf16 / 8-bit / 4-bit, from parameter counts as
 `fastdllm info` computes them (checkpoints/info.py; the model is built on the meta device: no weights),
-against 24 GiB and 12 GiB GPUs (part 3 of scripts/moe_speed.py, which prints it too; issue 14).
+against 24 GiB and 12 GiB GPUs (part 3 of benchmarks/moe_speed.py, which prints it too; issue 14).
 
-    python scripts/moe_memory.py
-    python scripts/moe_memory.py --prompt-len 512 --gen-len-memory 1024
+    python benchmarks/moe_memory.py
+    python benchmarks/moe_memory.py --prompt-len 512 --gen-len-memory 1024
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from moe_shapes import (  # scripts/moe_shapes.py: the published shapes
+from moe_shapes import (  # benchmarks/moe_shapes.py: the published shapes
     SHAPES,
     family,
     published,

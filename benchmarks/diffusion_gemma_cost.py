@@ -5,8 +5,8 @@ the 30 layers are added up (25 sliding, 5 full). Prints the step, the canvas (st
 encoder pass that commits it), the cost per committed token and the memory at bf16/8-bit/4-bit; on a GPU also the bound set by
 reading every weight once per step (all 128 experts are hit by a 256-token canvas).
 
-    python scripts/diffusion_gemma_cost.py                       # this CPU, bf16
-    python scripts/diffusion_gemma_cost.py --device cuda --repeat 20
+    python benchmarks/diffusion_gemma_cost.py                       # this CPU, bf16
+    python benchmarks/diffusion_gemma_cost.py --device cuda --repeat 20
 
 Timings are medians of --repeat runs after one warm-up, the device synchronised around each part.
 """

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Block-diffusion decoding cost on random models of the published shapes (a benchmark, not a test).
 
-    python scripts/blockdiff_speed.py                          # CPU, fp32: SDAR-1.7B and v2-1.5B shapes
-    python scripts/blockdiff_speed.py --device cuda --dtype bf16 --shapes sdar-8b,v2-7b --graphs off,on
+    python benchmarks/blockdiff_speed.py                          # CPU, fp32: SDAR-1.7B and v2-1.5B shapes
+    python benchmarks/blockdiff_speed.py --device cuda --dtype bf16 --shapes sdar-8b,v2-7b --graphs off,on
 
 For each shape: ms per forward and tokens per forward of the family's own profile rule and of one
 token per step, and, at the same hidden size and answer length, a bidirectional LLaDA-style model
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from speed import (
-    in_memory,  # scripts/speed.py: random weights of any shape, on the device
+    in_memory,  # benchmarks/speed.py: random weights of any shape, on the device
 )
 
 from fastdllm.checkpoints import loading

@@ -1,4 +1,4 @@
-"""The runs scripts/vs_llamacpp.py times: one llama.cpp diffusion run (llama-diffusion-ids or the
+"""The runs benchmarks/vs_llamacpp.py times: one llama.cpp diffusion run (llama-diffusion-ids or the
 plain llama-diffusion-cli), one fastdllm run, a CPU hog for --busy, the interleaved repetitions and
 their medians and spreads."""
 
