@@ -1,0 +1,242 @@
+"""What every benchmark here shares, so that each file is only its own measurement: the machine it
+ran on, the common options, the published shapes by name, random-weight models of them, warm-up and
+interleaved repetitions, median and spread, and JSON output.
+
+A benchmark runs as `python benchmarks/NAME.py`; Python puts this folder on sys.path, so
+`import harness` finds this file (and `from speed import ...` a sibling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Hashable
+
+import torch
+
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada
+from fastdllm.models import FAMILIES
+from fastdllm.models.cpu import bf16_note
+
+
+# --- the machine ---------------------------------------------------------------------------------
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work: a clock read after this reads finished work."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device | str = "cpu") -> float:
+    """perf_counter seconds once the device is idle."""
+    sync(device)
+    return time.perf_counter()
+
+
+def cpu_name() -> str:
+    """The CPU's model name where Linux says it, else the platform's word."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages ('?' where the system does not say)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def machine(device: torch.device | str = "cpu", dtype: str | None = None) -> str:
+    """One line for a table's header: the device, threads, ISA (CPU), torch and the load now."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        where = f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
+    else:
+        where = (f"cpu: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, ISA "
+                 f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype in (None, "bf16") else ""))
+    return f"{where}; torch {torch.__version__}; load {loadavg()}"
+
+
+def read_bandwidth(device: torch.device | str) -> float:
+    """Bytes/s of one reading pass over a buffer (1 GiB on a GPU, 256 MiB on a CPU; best of 3 after
+    one warm-up pass): what a weight-bound step can hope for."""
+    device = torch.device(device)
+    x = torch.ones(2**28 if device.type == "cuda" else 2**26, device=device)
+    best = float("inf")
+    for _ in range(4):
+        start = clock(device)
+        x.sum()
+        best = min(best, clock(device) - start)
+    return x.numel() * x.element_size() / best
+
+
+# --- options ---------------------------------------------------------------------------------------
+def parser(doc: str | None, *, reps: int | None = 3, device: str | None = None,
+           dtype: str | None = None) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --threads and --json; --reps, --device and --dtype where
+    a default is given (None: the benchmark has no such choice)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if reps is not None:
+        ap.add_argument("--reps", type=int, default=reps, help="timed repetitions, interleaved")
+    if device is not None:
+        ap.add_argument("--device", default=device)
+    if dtype is not None:
+        ap.add_argument("--dtype", default=dtype)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the records as JSON")
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse, then set the thread count before any timed work."""
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def csv(text: str, kind: Callable = str) -> list:
+    """'1,8,32' -> [1, 8, 32] with kind=int; empty items dropped."""
+    return [kind(x) for x in text.split(",") if x.strip()]
+
+
+# --- repetitions -----------------------------------------------------------------------------------
+def interleaved(runs: dict[Hashable, Callable[[], object]], reps: int, warmup: int = 1) -> dict[Hashable, list]:
+    """Each run's results over `reps` rounds (A B C A B C ...: a load that comes and goes falls on
+    every run alike), after `warmup` uncounted rounds."""
+    for _ in range(warmup):
+        for run in runs.values():
+            run()
+    out = {key: [] for key in runs}
+    for _ in range(reps):
+        for key, run in runs.items():
+            out[key].append(run())
+    return out
+
+
+def spread(xs: list[float]) -> dict:
+    """median, min, max and spread ((max - min) / median; None for one value) of repetitions."""
+    median = statistics.median(xs)
+    return {"median": median, "min": min(xs), "max": max(xs), "n": len(xs),
+            "spread": (max(xs) - min(xs)) / median if len(xs) > 1 and median else None}
+
+
+def span(xs: list[float], fmt: str = ".4g") -> str:
+    """'min-max' of repetitions, '-' for one."""
+    return f"{min(xs):{fmt}}-{max(xs):{fmt}}" if len(xs) > 1 else "-"
+
+
+# --- shapes and random weights ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    """A model shape: `config` overrides the family's config (its published one, read from the tiny
+    checkpoint of `tiny`'s arguments that lends the tokenizer and special tokens)."""
+    text: str
+    family: str                       # a key of TINY
+    config: dict
+    tiny: dict = field(default_factory=dict)
+
+
+# family -> writer of a one-layer checkpoint: the tokenizer and special tokens a random model borrows
+TINY = {
+    "llada": lambda out, vocab_size=32000, fixtures=FIXTURES: write_llada(
+        out, d_model=64, n_layers=1, n_heads=4, mlp_hidden_size=128, vocab_size=vocab_size, fixtures=fixtures,
+        max_sequence_length=8192),
+    "dream": lambda out: write_dream(out, hidden_size=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=64),
+    "sdar": lambda out: write_sdar(out, n_layers=1),
+    "v2": lambda out: write_fast_dllm_v2(out, n_layers=1),
+}
+
+QWEN_HALF_B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                   intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_window_layers=24)
+
+# the published shapes by name (random weights; only the named keys differ from the family's config)
+SHAPES = {
+    "mid": Shape("random LLaDA d512, 8 layers, 8 heads, MLP 1408, vocab 32000", "llada",
+                 dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, mlp_hidden_size=1408), dict(vocab_size=32000)),
+    "llada-8b": Shape("random LLaDA-8B: d4096, 32 layers, 32 heads, MLP 12288, vocab 126464", "llada",
+                      dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288),
+                      dict(vocab_size=126464)),
+    "22m": Shape("random Dream d64, 8 layers, 4 heads (2 KV), MLP 1536, vocab 152064 (Dream's), untied head", "dream",
+                 dict(hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=1536, max_window_layers=8)),
+    "0.5b": Shape("random Dream d896, 24 layers, 14 heads (2 KV), MLP 4864, vocab 151936, tied head "
+                  "(Qwen2.5-0.5B's shape)", "dream", QWEN_HALF_B),
+    "sdar-1.7b": Shape("random SDAR-1.7B", "sdar", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                                                      num_key_value_heads=8, head_dim=128, intermediate_size=6144)),
+    "sdar-8b": Shape("random SDAR-8B", "sdar", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                                                  num_key_value_heads=8, head_dim=128, intermediate_size=12288)),
+    "v2-1.5b": Shape("random Fast-dLLM v2 1.5B", "v2", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                                                          num_key_value_heads=2, intermediate_size=8960,
+                                                          tie_word_embeddings=True, vocab_size=151936)),
+    "v2-7b": Shape("random Fast-dLLM v2 7B", "v2", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                                                      num_key_value_heads=4, intermediate_size=18944)),
+}
+
+
+def build(shape: Shape | str, dtype: str, device: str = "cpu", quantize: str = "none") -> loading.LoadedModel:
+    """A random model of `shape` built on the device (no checkpoint of its size on disk: writing and
+    reading back an 8B one would take minutes), with the tokenizer of a tiny checkpoint loaded the
+    normal way."""
+    shape = SHAPES[shape] if isinstance(shape, str) else shape
+    with tempfile.TemporaryDirectory() as tmp:
+        lm = loading.load(TINY[shape.family](Path(tmp) / "m", **shape.tiny), dtype=dtype, device=device)
+    config = dict(shape.config)
+    if "layer_types" in lm.model.config.to_dict():             # v2 configs list one per layer
+        config["layer_types"] = ["full_attention"] * config.get("num_hidden_layers", 1)
+    return random_weights(lm, config, quantize)
+
+
+def random_weights(lm: loading.LoadedModel, overrides: dict, quantize: str = "none",
+                   family: str | None = None) -> loading.LoadedModel:
+    """Swap `lm`'s model for a random one (2-D weights std 0.02, the rest as the classes initialise
+    them) of its family (or `family`, a model_type) with `overrides` on its config, built on its
+    device and dtype; `quantize` int8 / int4: converted as loading does."""
+    config_cls, model_cls, _ = FAMILIES[family or lm.family][0]
+    config = config_cls.from_dict({**lm.model.config.to_dict(), **overrides})
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(lm.dtype)
+    try:
+        with torch.device(lm.device), torch.no_grad():
+            model = model_cls(config).eval()
+            for p in model.parameters():
+                if p.ndim == 2:
+                    p.normal_(0.0, 0.02)
+    finally:
+        torch.set_default_dtype(default)
+    if quantize in ("int8", "int4"):
+        model.prepare_for_inference(pack=False)
+        loading.cpu_quantize(model, quantize, lm.dtype, True, ())
+        lm.quantize = quantize
+    else:
+        model.prepare_for_inference()
+    lm.model = model
+    lm.info = loading.describe(lm)
+    return lm
+
+
+def prompt_ids(n: int, low: int = 10, high: int = 300, seed: int = 0) -> list[int]:
+    """A fixed random prompt of n token ids in [low, high)."""
+    return torch.randint(low, high, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# --- output ----------------------------------------------------------------------------------------
+def write_json(args: argparse.Namespace, records: list[dict], **conditions) -> None:
+    """With --json PATH: {"conditions": ..., "records": [...]} there (one object, nothing else)."""
+    if getattr(args, "json", None):
+        conditions.setdefault("machine", machine(getattr(args, "device", "cpu"), getattr(args, "dtype", None)))
+        args.json.write_text(json.dumps({"conditions": conditions, "records": records}, indent=1, default=str) + "\n")
