@@ -41,6 +41,13 @@ def clock(device: torch.device | str = "cpu") -> float:
     return time.perf_counter()
 
 
+def time_ms(fn: Callable[[], object], device: torch.device | str = "cpu") -> float:
+    """Milliseconds of one call of fn, the device idle before and after."""
+    start = clock(device)
+    fn()
+    return 1000 * (clock(device) - start)
+
+
 def cpu_name() -> str:
     """The CPU's model name where Linux says it, else the platform's word."""
     try:
