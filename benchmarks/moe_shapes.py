@@ -93,10 +93,10 @@ def family(raw: dict):
 
 # --- models ----------------------------------------------------------------------------------------
 def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> loading.LoadedModel:
-    """speed.in_memory's job with `raw` as the whole config and the class the loader picks for it
-    (in_memory takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
+    """harness.random_weights's job with `raw` as the whole config and the class the loader picks for it
+    (random_weights takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
     the meta device and materialised once: one normal_ pass instead of three (nn.Linear's init,
-    transformers' init, then in_memory's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
+    transformers' init, then random_weights's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
     config, model_cls = family(raw)
     default = torch.get_default_dtype()
     torch.set_default_dtype(lm.dtype)

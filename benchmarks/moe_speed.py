@@ -39,10 +39,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
 
 from __future__ import annotations
 
-import argparse
 import gc
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -50,6 +47,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import harness
 import torch
 from moe_memory import (  # benchmarks/moe_memory.py: the memory table (part 3)
     add_memory_args,
@@ -72,7 +70,6 @@ from moe_shapes import (  # benchmarks/moe_shapes.py
 from moe_step import (  # benchmarks/moe_step.py: the timed step
     WHOLE_CANVAS,
     Step,
-    sync,
     uniform_routing,
 )
 
@@ -80,20 +77,6 @@ from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.decode.family_defaults import decode_defaults
-from fastdllm.models.cpu import bf16_note
-
-
-def read_bandwidth(device: torch.device) -> float:
-    """Bytes/s of one reading pass over a 1 GiB buffer (best of 3): what a weight-bound step can hope for."""
-    x = torch.ones(2**28, device=device)
-    best = float("inf")
-    for _ in range(4):
-        sync(device)
-        start = time.perf_counter()
-        x.sum()
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * x.element_size() / best
 
 
 def engine_ms(lm, args) -> tuple[float, int, float]:
@@ -101,16 +84,16 @@ def engine_ms(lm, args) -> tuple[float, int, float]:
     no early stop) on a prompt of `--prefix` tokens; one block of warm-up not counted."""
     cfg = DecodeConfig(**{**decode_defaults(lm.model.config.to_dict()), "gen_len": args.engine_gen_len,
                           "early_stop": False})
-    prompt = torch.randint(0, 4096, (args.prefix,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = harness.prompt_ids(args.prefix, 0, 4096)
     run(lm.decoder, [prompt], DecodeConfig.from_dict({"gen_len": cfg.block_len}, cfg))
-    start = time.perf_counter()
+    start = harness.clock(lm.device)
     result = run(lm.decoder, [prompt], cfg)
-    seconds = time.perf_counter() - start
+    seconds = harness.clock(lm.device) - start
     return 1000 * seconds / result.nfe, result.nfe, result.committed / result.nfe
 
 
 # --- the three parts -------------------------------------------------------------------------------
-def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
+def speed(name: str, args, tmp: Path, bandwidth: float) -> list[dict]:
     raw = published(name)
     layers = args.layers or raw["num_hidden_layers"]
     experts = args.experts or raw["num_experts"]
@@ -173,6 +156,7 @@ def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
             ms, nfe, tpf = r["engine"]
             print(f"- engine, the family's rule ({args.engine_gen_len} tokens, prompt {args.prefix}): "
                   f"{r['label']} {ms:.1f} ms/forward, NFE {nfe}, {tpf:.2f} tokens/forward")
+    return [dict(shape=name, layers=layers, experts=experts, **r) for r in rows]
 
 
 def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) -> None:
@@ -196,22 +180,8 @@ def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) 
           f"{hits:.0f}){spread}")
 
 
-def device_name(device: torch.device, dtype: str) -> str:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
-    model = platform.processor() or platform.machine()
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu: {model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, ISA " \
-           f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype == "bf16" else "")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=5, device="cpu", dtype=None)
     ap.add_argument("--shapes", default="llada2-mini", help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--layers", type=int, default=None, help="MoE layers built (default: 2 on CPU, the published count on a GPU)")
     ap.add_argument("--experts", type=int, default=None, help="routed experts per layer (default: the published count)")
@@ -219,28 +189,22 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--gen-len", type=int, default=128, help="canvas slots from the block on")
     ap.add_argument("--masked", type=float, default=0.5, help="fraction of the block's tokens that are masks (at least one)")
-    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--routing", default="router,uniform", help="MoE choices timed: router (the random router's), uniform")
     ap.add_argument("--dtype", default=None, help="fp32 (CPU default) or bf16 (GPU default)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the read bound (default: measured)")
     ap.add_argument("--engine", action="store_true", help="also decode with the engine and the family's rule")
     ap.add_argument("--engine-gen-len", type=int, default=64)
     add_memory_args(ap)
     ap.add_argument("--skip-speed", action="store_true", help="only the memory table")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = harness.parse(ap)
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     if args.layers is None and device.type == "cpu":
         args.layers = 2
-    load = os.getloadavg()                     # before this script's own work
-    bandwidth = args.bandwidth or read_bandwidth(device)
-    conditions = [("device", device_name(device, args.dtype)), ("dtype", args.dtype), ("torch", torch.__version__),
-                  ("load average (1, 5, 15 min) at start", " ".join(f"{x:.2f}" for x in load)),
-                  ("read bandwidth", f"{bandwidth / 1e9:.1f} GB/s ({'given' if args.bandwidth else 'measured: one pass over 1 GiB'})"),
+    where = harness.machine(device, args.dtype)              # with the load before this script's own work
+    bandwidth = args.bandwidth or harness.read_bandwidth(device)
+    conditions = [("device", where), ("dtype", args.dtype),
+                  ("read bandwidth", f"{bandwidth / 1e9:.1f} GB/s ({'given' if args.bandwidth else 'measured: one pass over 1 GiB on a GPU, 256 MiB on a CPU'})"),
                   ("shapes", ", ".join(f"{n} ({args.layers or published(n)['num_hidden_layers']} MoE layers, "
                                        f"{args.experts or published(n)['num_experts']} experts)" for n in args.shapes.split(","))),
                   ("step", f"block {args.block}, {args.masked:.0%} masks, {args.prefix} cached tokens, canvas "
@@ -250,11 +214,13 @@ def main() -> None:
     print("# MoE against dense of the same active size (benchmarks/moe_speed.py)\n\n| condition | value |\n|---|---|")
     for key, value in conditions:
         print(f"| {key} | {value} |")
+    records = []
     if not args.skip_speed:
         with tempfile.TemporaryDirectory() as tmp:
-            for name in args.shapes.split(","):
-                speed(name, args, Path(tmp), bandwidth)
+            for name in harness.csv(args.shapes):
+                records += speed(name, args, Path(tmp), bandwidth)
     memory(args)
+    harness.write_json(args, records, **dict(conditions))
 
 
 if __name__ == "__main__":
