@@ -36,20 +36,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+import harness
+
 CACHE = Path(os.environ.get("FASTDLLM_VS_LLAMACPP", Path.home() / ".cache" / "fastdllm-vs-llamacpp"))
 PACKAGE = "llama-cpp-python"
 TARGETS = ("llama-diffusion-cli", "llama-quantize", "llama-diffusion-ids")
 GGUF_TYPES = ("f32", "bf16", "q8_0", "q4_0")
 
-# name -> (description, Dream config overrides)
-SHAPES = {
-    "22m": ("random Dream d64, 8 layers, 4 heads (2 KV), MLP 1536, vocab 152064 (Dream's), untied head",
-            dict(hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=1536, max_window_layers=8)),
-    "0.5b": ("random Dream d896, 24 layers, 14 heads (2 KV), MLP 4864, vocab 151936, tied head (Qwen2.5-0.5B's shape)",
-             dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_window_layers=24)),
-}
+SHAPES = {name: harness.SHAPES[name] for name in ("22m", "0.5b")}      # random Dream-format checkpoints
 
 
 def log(msg: str) -> None:
@@ -175,7 +169,7 @@ def write_checkpoint(shape: str, seed: int = 0) -> Path:
 
     fixtures = FIXTURES / "Dream-v0-Instruct-7B"
     published = json.loads((fixtures / "config.json").read_text())
-    published.update(SHAPES[shape][1])
+    published.update(SHAPES[shape].config)
     torch.manual_seed(seed)
     model = DreamModel(DreamConfig.from_dict(published))
     with torch.no_grad():

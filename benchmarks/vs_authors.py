@@ -33,7 +33,6 @@ stubbed when it is not installed; `from_pretrained` fails on 5.x (their `__init_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -45,6 +44,7 @@ import time
 import types
 from pathlib import Path
 
+import harness
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -96,21 +96,6 @@ def revision(root: Path) -> str:
         return "unknown revision"
 
 
-def cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def time_authors(authors, model, prompt: torch.Tensor, mode: str, args, mask: int, gen_len: int):
     fn = getattr(authors, AUTHORS_FN[mode])
     start = time.perf_counter()
@@ -152,7 +137,7 @@ def table(runs) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--authors", type=Path, required=True, help="a checkout of NVlabs/Fast-dLLM")
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
@@ -166,9 +151,8 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--modes", default="none,prefix,dual")
     ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--checkpoint", type=Path, help="reuse (or write once into) this directory")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     modes, dtypes = args.modes.split(","), args.dtypes.split(",")
 
     authors, config_cls = import_authors(args.authors.expanduser().resolve())
@@ -183,8 +167,7 @@ def main() -> None:
         config = json.loads((path / "config.json").read_text())
     mask = ours[dtypes[0]].specials.mask
     assert mask == config["mask_token_id"]
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(10, 300, (args.prompt,), generator=g).tolist()
+    prompt = harness.prompt_ids(args.prompt)
     tensor = torch.tensor([prompt])
 
     print(f"# model: random LLaDA (published layout) d_model {config['d_model']}, {config['n_layers']} layers, "
@@ -193,8 +176,8 @@ def main() -> None:
     print(f"# prompt {args.prompt}, gen_len {args.gen_len}, block {args.block_len}, threshold {args.threshold:g} "
           f"(greedy, prob confidence, no early stop); {args.reps} interleaved reps after one warm-up, medians")
     print(f"# authors: NVlabs/Fast-dLLM {revision(args.authors)} llada/generate.py at {args.authors}")
-    print(f"# {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}, transformers "
-          f"{transformers.__version__}; python {platform.python_version()}; load average {loadavg()}"
+    print(f"# {harness.machine('cpu', dtypes[-1])}; transformers {transformers.__version__}; "
+          f"python {platform.python_version()}"
           + (f"; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}" if "OMP_NUM_THREADS" in os.environ else ""),
           flush=True)
 
@@ -208,9 +191,9 @@ def main() -> None:
             for mode in modes:
                 runs[d, mode]["a"].append(time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len))
                 runs[d, mode]["f"].append(time_fastdllm(ours[d], prompt, mode, args, args.gen_len))
-        print(f"\n# after rep {rep + 1}/{args.reps}, load average {loadavg()}")
+        print(f"\n# after rep {rep + 1}/{args.reps}, load average {harness.loadavg()}")
         table(runs)
-    print(f"# load average at the end {loadavg()}")
+    print(f"# load average at the end {harness.loadavg()}")
 
 
 if __name__ == "__main__":
