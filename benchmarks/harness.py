@@ -66,14 +66,15 @@ def loadavg() -> str:
 
 
 def machine(device: torch.device | str = "cpu", dtype: str | None = None) -> str:
-    """One line for a table's header: the device, threads, ISA (CPU), torch and the load now."""
-    device = torch.device(device)
+    """One line for a table's header: the device ('auto': CUDA where there is one), threads, ISA
+    (CPU), torch and the load now."""
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         where = f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
     else:
         where = (f"cpu: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, ISA "
-                 f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype in (None, "bf16") else ""))
+                 f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype in (None, "auto", "bf16") else ""))
     return f"{where}; torch {torch.__version__}; load {loadavg()}"
 
 
