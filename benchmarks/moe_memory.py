@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+import harness
 import torch
 from moe_shapes import (  # benchmarks/moe_shapes.py: the published shapes
     SHAPES,
@@ -64,9 +65,9 @@ def add_memory_args(ap: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=None)
     add_memory_args(ap)
-    memory(ap.parse_args())
+    memory(harness.parse(ap))
 
 
 if __name__ == "__main__":
