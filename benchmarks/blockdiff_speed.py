@@ -19,18 +19,9 @@ import harness
 from harness import SHAPES, Shape
 
 from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 
 PROFILES = {"sdar": dict(block_len=4, rule="dynamic", threshold=0.95, cache="prefix"),
             "v2": dict(block_len=32, sub_block_len=8, rule="dynamic", threshold=0.9, cache="prefix")}
-
-
-def timed(lm, prompt, cfg) -> tuple[float, object]:
-    """(seconds, Result) of one decode after a warm-up of two blocks."""
-    run(lm.decoder, [prompt], DecodeConfig.from_dict({"gen_len": cfg.block_len * 2}, cfg))   # warm-up
-    start = harness.clock(lm.device)
-    result = run(lm.decoder, [prompt], cfg)
-    return harness.clock(lm.device) - start, result
 
 
 def llada_twin(shape: Shape) -> Shape:
@@ -72,11 +63,11 @@ def main() -> None:
             own = DecodeConfig(gen_len=args.gen_len, early_stop=False, **PROFILES[shape.family])
             one = DecodeConfig.from_dict({"rule": "fixed", "threshold": 0.9}, own)
             for label, cfg in ((f"{shape.family} profile rule{suffix}", own), (f"one token per step{suffix}", one)):
-                records.append(dict(shape=name, **report(label, *timed(lm, prompt, cfg), args.gen_len)))
+                records.append(dict(shape=name, **report(label, *harness.decode(lm, [prompt], cfg), args.gen_len)))
         del lm
         llada = harness.build(llada_twin(shape), args.dtype, args.device)
         dual = DecodeConfig(gen_len=args.gen_len, block_len=32, cache="dual", rule="fixed", early_stop=False)
-        records.append(dict(shape=name, **report("LLaDA-style DualCache, 1/step", *timed(llada, prompt, dual), args.gen_len)))
+        records.append(dict(shape=name, **report("LLaDA-style DualCache, 1/step", *harness.decode(llada, [prompt], dual), args.gen_len)))
         del llada
     harness.write_json(args, records, prompt=args.prompt, gen_len=args.gen_len)
 

@@ -116,6 +116,24 @@ def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argpars
     return args
 
 
+def add_llada_shape(ap: argparse.ArgumentParser, vocab: int = 32000) -> None:
+    """--d-model, --layers, --heads, --mlp, --vocab: an LLaDA shape of one's own (defaults: `mid`'s
+    dimensions); llada_shape(args) is it."""
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--mlp", type=int, default=1408)
+    ap.add_argument("--vocab", type=int, default=vocab)
+
+
+def llada_shape(args: argparse.Namespace, **tiny) -> Shape:
+    """The LLaDA shape of add_llada_shape's flags; `tiny`: more of the tiny writer's arguments."""
+    return Shape(f"random LLaDA d_model {args.d_model}, {args.layers} layers, {args.heads} heads, MLP {args.mlp}, "
+                 f"vocab {args.vocab}", "llada", dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                                                      n_kv_heads=args.heads, mlp_hidden_size=args.mlp),
+                 dict(vocab_size=args.vocab, **tiny))
+
+
 def csv(text: str, kind: Callable = str) -> list:
     """'1,8,32' -> [1, 8, 32] with kind=int; empty items dropped."""
     return [kind(x) for x in text.split(",") if x.strip()]
@@ -235,6 +253,30 @@ def random_weights(lm: loading.LoadedModel, overrides: dict, quantize: str = "no
     lm.model = model
     lm.info = loading.describe(lm)
     return lm
+
+
+def write_random(shape: Shape, out: Path, **kw) -> Path:
+    """A random-weight checkpoint of an LLaDA `shape` on disk in the published layout (bf16, shards
+    of 2 GB), for the runs that load it as a user does (--quantize 8bit/4bit, the authors' code);
+    `kw`: write_llada's (logit_scale, ...)."""
+    assert shape.family == "llada", "on-disk random checkpoints: LLaDA's layout"
+    c = shape.config
+    return write_llada(out, d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"],
+                       mlp_hidden_size=c["mlp_hidden_size"], max_sequence_length=8192, shard_bytes="2GB",
+                       **{**shape.tiny, **kw})
+
+
+def decode(lm: loading.LoadedModel, prompts: list[list[int]], cfg, warmup_blocks: int = 2):
+    """(seconds, Result) of one engine run of `prompts` under `cfg`, after an uncounted run of
+    `warmup_blocks` blocks under the same settings (0: none); the device idle around the clock."""
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.engine import run
+
+    if warmup_blocks:
+        run(lm.decoder, prompts, DecodeConfig.from_dict({"gen_len": cfg.block_len * warmup_blocks}, cfg))
+    start = clock(lm.device)
+    result = run(lm.decoder, prompts, cfg)
+    return clock(lm.device) - start, result
 
 
 def prompt_ids(n: int, low: int = 10, high: int = 300, seed: int = 0) -> list[int]:

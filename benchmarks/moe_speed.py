@@ -75,7 +75,6 @@ from moe_step import (  # benchmarks/moe_step.py: the timed step
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 from fastdllm.decode.family_defaults import decode_defaults
 
 
@@ -85,10 +84,7 @@ def engine_ms(lm, args) -> tuple[float, int, float]:
     cfg = DecodeConfig(**{**decode_defaults(lm.model.config.to_dict()), "gen_len": args.engine_gen_len,
                           "early_stop": False})
     prompt = harness.prompt_ids(args.prefix, 0, 4096)
-    run(lm.decoder, [prompt], DecodeConfig.from_dict({"gen_len": cfg.block_len}, cfg))
-    start = harness.clock(lm.device)
-    result = run(lm.decoder, [prompt], cfg)
-    seconds = harness.clock(lm.device) - start
+    seconds, result = harness.decode(lm, [prompt], cfg, warmup_blocks=1)
     return 1000 * seconds / result.nfe, result.nfe, result.committed / result.nfe
 
 

@@ -28,29 +28,16 @@ import time
 from pathlib import Path
 
 import harness
-from harness import Shape
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_random import FIXTURES, write_llada
+from fastdllm.checkpoints.tiny_random import FIXTURES
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate, run
 
 
-def shape_of(args) -> Shape:
-    """The LLaDA shape the flags give (defaults: harness's `mid`)."""
-    return Shape(f"random LLaDA d_model {args.d_model}, {args.layers} layers, {args.heads} heads, MLP {args.mlp}, "
-                 f"vocab {args.vocab}", "llada", dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                                                      n_kv_heads=args.heads, mlp_hidden_size=args.mlp),
-                 dict(vocab_size=args.vocab, fixtures=args.fixtures))
-
-
 def main() -> None:
     ap = harness.parser(__doc__, reps=None, device="cpu", dtype="bf16")
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--mlp", type=int, default=1408)
-    ap.add_argument("--vocab", type=int, default=32000)
+    harness.add_llada_shape(ap)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen-len", default="256")
     ap.add_argument("--block-len", type=int, default=32)
@@ -63,14 +50,12 @@ def main() -> None:
     ap.add_argument("--batch", default="1", help="rows per batch, e.g. 1,8,32 (the prompt in every row)")
     args = harness.parse(ap)
 
-    shape = shape_of(args)
+    shape = harness.llada_shape(args, fixtures=args.fixtures)
     if args.in_memory:
         lm = harness.build(shape, args.dtype, args.device, args.quantize)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            path = write_llada(Path(tmp) / "m", d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                               mlp_hidden_size=args.mlp, vocab_size=args.vocab, fixtures=args.fixtures,
-                               max_sequence_length=8192, shard_bytes="2GB")
+            path = harness.write_random(shape, Path(tmp) / "m")
             lm = loading.load(path, dtype=args.dtype, device=args.device, quantize=args.quantize)
     prompt = harness.prompt_ids(args.prompt, high=min(args.vocab, 300))
     print(f"# model: {shape.text}; {args.dtype} (quantize {args.quantize}) on {harness.machine(lm.device, args.dtype)}")

@@ -50,9 +50,7 @@ import transformers
 from safetensors.torch import load_file
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_random import write_llada
 from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 AUTHORS_FN = {"none": "generate", "prefix": "generate_with_prefix_cache", "dual": "generate_with_dual_cache"}
@@ -108,9 +106,7 @@ def time_authors(authors, model, prompt: torch.Tensor, mode: str, args, mask: in
 def time_fastdllm(lm, prompt: list[int], mode: str, args, gen_len: int):
     cfg = DecodeConfig(gen_len=gen_len, block_len=args.block_len, cache=mode, rule="threshold",
                        threshold=args.threshold, early_stop=False)
-    start = time.perf_counter()
-    result = run(lm.decoder, [prompt], cfg)
-    seconds = time.perf_counter() - start
+    seconds, result = harness.decode(lm, [prompt], cfg, warmup_blocks=0)    # warmed up in main
     return seconds, result.nfe, result.canvas[0].tolist()
 
 
@@ -139,11 +135,7 @@ def table(runs) -> None:
 def main() -> None:
     ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--authors", type=Path, required=True, help="a checkout of NVlabs/Fast-dLLM")
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--mlp", type=int, default=1408)
-    ap.add_argument("--vocab", type=int, default=126464, help="LLaDA's vocabulary size")
+    harness.add_llada_shape(ap, vocab=126464)                      # LLaDA's vocabulary size
     ap.add_argument("--logit-scale", type=float, default=40.0, help="write_llada's logit_scale (peaked confidences)")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -159,9 +151,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.checkpoint or Path(tmp) / "llada"
         if not (path / "config.json").is_file():
-            write_llada(path, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                        mlp_hidden_size=args.mlp, vocab_size=args.vocab, logit_scale=args.logit_scale,
-                        max_sequence_length=8192, shard_bytes="2GB")
+            harness.write_random(harness.llada_shape(args), path, logit_scale=args.logit_scale)
         theirs = {d: authors_model(authors, config_cls, path, DTYPES[d]) for d in dtypes}
         ours = {d: loading.load(path, dtype=d, device="cpu") for d in dtypes}
         config = json.loads((path / "config.json").read_text())
