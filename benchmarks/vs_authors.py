@@ -9,7 +9,7 @@
 `llada/model` (`LLaDAModelLM`, `LLaDAConfig`) are imported from that path at run time.
 
 One random checkpoint in LLaDA-8B-Instruct's published layout (config.json, tensor names) is written
-with fastdllm's writer (`write_llada`; default: the "mid" shape of benchmarks/step_profile.py, d_model 512,
+with fastdllm's writer (`write_llada`; default: the harness's "mid" shape, d_model 512,
 8 layers, 8 heads, MLP 1408, with LLaDA's vocabulary size 126464; `logit_scale` makes the confidences
 peaked and varied, so that the threshold rule commits one to several tokens a step, as a trained model
 does). The authors' model is built from that config.json with their config class and loads the
