@@ -44,9 +44,7 @@ def main() -> None:
                                   canvas_length=args.canvas)
     with torch.device(device):
         model = DiffusionGemmaForBlockDiffusion(config).to(dtype).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.02) if param.ndim >= 2 else param.fill_(1.0)
+    harness.randomize(model, fill_rest=True)                         # scales 1 (no biases)
     prompt = torch.randint(0, PUBLISHED_TEXT["vocab_size"], (1, args.prompt), device=device)
     canvas = torch.randint(0, PUBLISHED_TEXT["vocab_size"], (1, args.canvas), device=device)
     times: dict[str, list[float]] = {}

@@ -226,6 +226,18 @@ def build(shape: Shape | str, dtype: str, device: str = "cpu", quantize: str = "
     return random_weights(lm, config, quantize)
 
 
+def randomize(model: torch.nn.Module, std: float = 0.02, fill_rest: bool = False) -> None:
+    """Every weight of 2 or more dimensions (matrices, stacked experts) from N(0, std). The rest
+    (norm scales, biases) stay as the classes initialised them, or with `fill_rest` (a model built
+    on the meta device has no values yet) biases 0 and the others 1."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, std)
+            elif fill_rest:
+                p.zero_() if name.endswith("bias") else p.fill_(1.0)
+
+
 def random_weights(lm: loading.LoadedModel, overrides: dict, quantize: str = "none",
                    family: str | None = None) -> loading.LoadedModel:
     """Swap `lm`'s model for a random one (2-D weights std 0.02, the rest as the classes initialise
@@ -237,11 +249,9 @@ def random_weights(lm: loading.LoadedModel, overrides: dict, quantize: str = "no
     default = torch.get_default_dtype()
     torch.set_default_dtype(lm.dtype)
     try:
-        with torch.device(lm.device), torch.no_grad():
+        with torch.device(lm.device):
             model = model_cls(config).eval()
-            for p in model.parameters():
-                if p.ndim == 2:
-                    p.normal_(0.0, 0.02)
+        randomize(model)
     finally:
         torch.set_default_dtype(default)
     if quantize in ("int8", "int4"):

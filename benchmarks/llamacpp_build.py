@@ -172,10 +172,7 @@ def write_checkpoint(shape: str, seed: int = 0) -> Path:
     published.update(SHAPES[shape].config)
     torch.manual_seed(seed)
     model = DreamModel(DreamConfig.from_dict(published))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.02)
+    harness.randomize(model)
     tmp = out.with_name(shape + ".tmp")
     model.to(torch.bfloat16).save_pretrained(tmp, max_shard_size="2GB")
     del model

@@ -5,6 +5,7 @@ random-weight models built from them, and what a step of those models reads.
 
 from __future__ import annotations
 
+import harness
 import torch
 
 from fastdllm.checkpoints import loading
@@ -107,14 +108,8 @@ def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> lo
         torch.set_default_dtype(default)
     model = model.to_empty(device=device).eval()
     torch.manual_seed(0)
+    harness.randomize(model, fill_rest=True)                         # RMSNorm weights 1
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.02)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)                                         # RMSNorm weights
         for module in model.modules():
             for name, buffer in list(module.named_buffers(recurse=False)):
                 # the routers' selection bias: zero, in fp32 as the loader keeps it

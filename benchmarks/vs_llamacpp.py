@@ -218,7 +218,6 @@ def main() -> None:
     llamacpp_runs.LLAMA_ENV = USER_ENV
     a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
                                                  for s in (a.precisions, a.best_llama, a.best_fastdllm))
-    torch.set_num_threads(a.threads)
     thread_watch.start(a.threads, set(os.sched_getaffinity(0)))     # as the CLI: fewer beside busy cores
     shapes = a.shapes.split(",")
     kinds = sorted(set(a.precisions) | set(a.best_llama) | {"f32"}, key=[p[0] for p in PRECISIONS].index)
