@@ -140,16 +140,20 @@ def csv(text: str, kind: Callable = str) -> list:
 
 
 # --- repetitions -----------------------------------------------------------------------------------
-def interleaved(runs: dict[Hashable, Callable[[], object]], reps: int, warmup: int = 1) -> dict[Hashable, list]:
+def interleaved(runs: dict[Hashable, Callable[[], object]], reps: int, warmup: int = 1,
+                after_round: Callable[[int, dict], None] | None = None) -> dict[Hashable, list]:
     """Each run's results over `reps` rounds (A B C A B C ...: a load that comes and goes falls on
-    every run alike), after `warmup` uncounted rounds."""
+    every run alike), after `warmup` uncounted rounds; `after_round(i, results so far)` after each
+    (a table printed as it grows: a loaded machine may not finish them all)."""
     for _ in range(warmup):
         for run in runs.values():
             run()
     out = {key: [] for key in runs}
-    for _ in range(reps):
+    for i in range(reps):
         for key, run in runs.items():
             out[key].append(run())
+        if after_round:
+            after_round(i, out)
     return out
 
 

@@ -118,18 +118,20 @@ def agreement(a: list[int], b: list[int]) -> str:
     return f"{same}/{len(a)} (first diff at {first})"
 
 
-def table(runs) -> None:
-    """The table so far (printed after every repetition: a loaded machine may not finish them all)."""
+def table(runs: dict, dtypes: list[str], modes: list[str]) -> None:
+    """The table so far: runs[dtype, mode, "a" (authors) or "f" (fastdllm)] -> (seconds, NFE, tokens)."""
     print(f"{'mode':7s} {'dtype':5s} {'authors ms/step':>15s} {'fastdllm ms/step':>16s} {'ratio':>6s} "
           f"{'(min-max)':>11s} {'NFE a/f':>8s}  tokens equal")
-    for (d, mode), r in runs.items():
-        a = [1000 * s / n for s, n, _ in r["a"]]
-        f = [1000 * s / n for s, n, _ in r["f"]]
-        ratios = [x / y for x, y in zip(a, f)]
-        ma, mf = statistics.median(a), statistics.median(f)
-        nfe = f"{r['a'][0][1]}/{r['f'][0][1]}"
-        print(f"{mode:7s} {d:5s} {ma:15.1f} {mf:16.1f} {ma / mf:6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f} "
-              f"{nfe:>8s}  {agreement(r['a'][0][2], r['f'][0][2])}", flush=True)
+    for d in dtypes:
+        for mode in modes:
+            ra, rf = runs[d, mode, "a"], runs[d, mode, "f"]
+            a = [1000 * s / n for s, n, _ in ra]
+            f = [1000 * s / n for s, n, _ in rf]
+            ratios = [x / y for x, y in zip(a, f)]
+            ma, mf = statistics.median(a), statistics.median(f)
+            nfe = f"{ra[0][1]}/{rf[0][1]}"
+            print(f"{mode:7s} {d:5s} {ma:15.1f} {mf:16.1f} {ma / mf:6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f} "
+                  f"{nfe:>8s}  {agreement(ra[0][2], rf[0][2])}", flush=True)
 
 
 def main() -> None:
@@ -171,18 +173,15 @@ def main() -> None:
           + (f"; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}" if "OMP_NUM_THREADS" in os.environ else ""),
           flush=True)
 
-    for d in dtypes:                                    # warm-up: every shape (their sdpa is torch.compiled)
-        for mode in modes:
-            time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len)
-            time_fastdllm(ours[d], prompt, mode, args, args.gen_len)
-    runs = {(d, m): {"a": [], "f": []} for d in dtypes for m in modes}
-    for rep in range(args.reps):                                        # interleaved: A F A F ...
-        for d in dtypes:
-            for mode in modes:
-                runs[d, mode]["a"].append(time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len))
-                runs[d, mode]["f"].append(time_fastdllm(ours[d], prompt, mode, args, args.gen_len))
-        print(f"\n# after rep {rep + 1}/{args.reps}, load average {harness.loadavg()}")
-        table(runs)
+    # every (dtype, mode): the authors' run, then ours; one warm-up round (their sdpa is torch.compiled)
+    runs = {(d, mode, who): (lambda d=d, mode=mode: time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len))
+            if who == "a" else (lambda d=d, mode=mode: time_fastdllm(ours[d], prompt, mode, args, args.gen_len))
+            for d in dtypes for mode in modes for who in "af"}
+
+    def after_round(i: int, so_far: dict) -> None:
+        print(f"\n# after rep {i + 1}/{args.reps}, load average {harness.loadavg()}")
+        table(so_far, dtypes, modes)
+    harness.interleaved(runs, args.reps, warmup=1, after_round=after_round)
     print(f"# load average at the end {harness.loadavg()}")
 
 
