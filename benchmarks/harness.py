@@ -24,6 +24,8 @@ import torch
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run as engine_run
 from fastdllm.models import FAMILIES
 from fastdllm.models.cpu import bf16_note
 
@@ -109,8 +111,7 @@ def parser(doc: str | None, *, reps: int | None = 3, device: str | None = None,
 
 
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse, then set the thread count before any timed work."""
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv)                    # then the thread count, before any timed work
     if args.threads:
         torch.set_num_threads(args.threads)
     return args
@@ -169,6 +170,16 @@ def span(xs: list[float], fmt: str = ".4g") -> str:
     return f"{min(xs):{fmt}}-{max(xs):{fmt}}" if len(xs) > 1 else "-"
 
 
+def decode(lm: loading.LoadedModel, prompts: list[list[int]], cfg, warmup_blocks: int = 2):
+    """(seconds, Result) of one engine run of `prompts` under `cfg`, after an uncounted run of
+    `warmup_blocks` blocks under the same settings (0: none); the device idle around the clock."""
+    if warmup_blocks:
+        engine_run(lm.decoder, prompts, DecodeConfig.from_dict({"gen_len": cfg.block_len * warmup_blocks}, cfg))
+    start = clock(lm.device)
+    result = engine_run(lm.decoder, prompts, cfg)
+    return clock(lm.device) - start, result
+
+
 # --- shapes and random weights ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Shape:
@@ -190,9 +201,6 @@ TINY = {
     "v2": lambda out: write_fast_dllm_v2(out, n_layers=1),
 }
 
-QWEN_HALF_B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                   intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_window_layers=24)
-
 # the published shapes by name (random weights; only the named keys differ from the family's config)
 SHAPES = {
     "mid": Shape("random LLaDA d512, 8 layers, 8 heads, MLP 1408, vocab 32000", "llada",
@@ -204,7 +212,9 @@ SHAPES = {
                  dict(hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=1536, max_window_layers=8)),
     "0.5b": Shape("random Dream d896, 24 layers, 14 heads (2 KV), MLP 4864, vocab 151936, tied head "
-                  "(Qwen2.5-0.5B's shape)", "dream", QWEN_HALF_B),
+                  "(Qwen2.5-0.5B's shape)", "dream", dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                                                           num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                                                           tie_word_embeddings=True, max_window_layers=24)),
     "sdar-1.7b": Shape("random SDAR-1.7B", "sdar", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
                                                       num_key_value_heads=8, head_dim=128, intermediate_size=6144)),
     "sdar-8b": Shape("random SDAR-8B", "sdar", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
@@ -278,19 +288,6 @@ def write_random(shape: Shape, out: Path, **kw) -> Path:
     return write_llada(out, d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"],
                        mlp_hidden_size=c["mlp_hidden_size"], max_sequence_length=8192, shard_bytes="2GB",
                        **{**shape.tiny, **kw})
-
-
-def decode(lm: loading.LoadedModel, prompts: list[list[int]], cfg, warmup_blocks: int = 2):
-    """(seconds, Result) of one engine run of `prompts` under `cfg`, after an uncounted run of
-    `warmup_blocks` blocks under the same settings (0: none); the device idle around the clock."""
-    from fastdllm.decode.config import DecodeConfig
-    from fastdllm.decode.engine import run
-
-    if warmup_blocks:
-        run(lm.decoder, prompts, DecodeConfig.from_dict({"gen_len": cfg.block_len * warmup_blocks}, cfg))
-    start = clock(lm.device)
-    result = run(lm.decoder, prompts, cfg)
-    return clock(lm.device) - start, result
 
 
 def prompt_ids(n: int, low: int = 10, high: int = 300, seed: int = 0) -> list[int]:
