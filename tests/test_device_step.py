@@ -3,7 +3,7 @@ with static shapes, the candidates and the schedule read from the device canvas.
 captured, so what is tested here is the step's arithmetic: the same tokens, the same commit order
 (positions per step), the same NFE as today's path, in float64, for every cache mode, the threshold,
 factor and fixed rules, batch 1 and a left-padded batch, and at most one host read per step. The
-graph replay of the whole step needs a GPU: scripts/gpu_check.py."""
+graph replay of the whole step needs a GPU: benchmarks/gpu_check.py."""
 
 from __future__ import annotations
 

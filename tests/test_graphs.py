@@ -1,7 +1,7 @@
 """The CUDA-graph path's CPU-visible part: graph steps ask for logits at every position of the
 active block (committed positions as never-selected filler). That must not change a single
 decision. Where the decision runs on the device too (device_step.py) the graph holds the whole step:
-tests/test_device_step.py. The graph replay itself needs a GPU: scripts/gpu_check.py compares it with
+tests/test_device_step.py. The graph replay itself needs a GPU: benchmarks/gpu_check.py compares it with
 this path."""
 
 from __future__ import annotations

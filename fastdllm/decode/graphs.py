@@ -4,7 +4,7 @@ Inside a block every cached step recomputes the same canvas span [a, b) (prefix:
 canvas end; dual: the block; none: the whole canvas) against KV buffers at fixed addresses, so its
 forward can be captured once and replayed: one launch instead of several hundred kernels. Without
 it a DualCache step of an 8B model on an H200 is bound by Python and kernel launches, not by the GPU
-(15.7 ms per step against a 3.1 ms weight-read bound; see scripts/speed.py).
+(15.7 ms per step against a 3.1 ms weight-read bound; see benchmarks/speed.py).
 
 A graph needs static shapes, so graph steps ask for logits at every position of the active block.
 Where the step's decision runs on the device too (device_step.py: greedy mask-predict decoding of

@@ -1,10 +1,11 @@
-"""The published MoE shapes of scripts/moe_speed.py and scripts/moe_memory.py: their configs (as
+"""The published MoE shapes of benchmarks/moe_speed.py and benchmarks/moe_memory.py: their configs (as
 published, cut to fewer MoE layers or experts, or turned dense at the active expert width), the
 random-weight models built from them, and what a step of those models reads.
 """
 
 from __future__ import annotations
 
+import harness
 import torch
 
 from fastdllm.checkpoints import loading
@@ -93,10 +94,10 @@ def family(raw: dict):
 
 # --- models ----------------------------------------------------------------------------------------
 def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> loading.LoadedModel:
-    """speed.in_memory's job with `raw` as the whole config and the class the loader picks for it
-    (in_memory takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
+    """harness.random_weights's job with `raw` as the whole config and the class the loader picks for it
+    (random_weights takes a model_type's first family, and `llada` is the dense LLaDA-8B first). Built on
     the meta device and materialised once: one normal_ pass instead of three (nn.Linear's init,
-    transformers' init, then in_memory's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
+    transformers' init, then random_weights's) over 3.2 GB per fp32 LLaDA2 MoE layer."""
     config, model_cls = family(raw)
     default = torch.get_default_dtype()
     torch.set_default_dtype(lm.dtype)
@@ -107,14 +108,8 @@ def random_model(lm: loading.LoadedModel, raw: dict, device: torch.device) -> lo
         torch.set_default_dtype(default)
     model = model.to_empty(device=device).eval()
     torch.manual_seed(0)
+    harness.randomize(model, fill_rest=True)                         # RMSNorm weights 1
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.02)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)                                         # RMSNorm weights
         for module in model.modules():
             for name, buffer in list(module.named_buffers(recurse=False)):
                 # the routers' selection bias: zero, in fp32 as the loader keeps it

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""llama.cpp's diffusion CLI for scripts/vs_llamacpp.py: download, build, checkpoints, conversion.
+"""llama.cpp's diffusion CLI for benchmarks/vs_llamacpp.py: download, build, checkpoints, conversion.
 
-    python scripts/llamacpp_build.py                 # build only (prints what it built)
-    python scripts/llamacpp_build.py --shape 22m     # and that shape's GGUFs (f32, bf16, q8_0, q4_0)
+    python benchmarks/llamacpp_build.py                 # build only (prints what it built)
+    python benchmarks/llamacpp_build.py --shape 22m     # and that shape's GGUFs (f32, bf16, q8_0, q4_0)
 
 Everything lands in a cache directory outside the repository ($FASTDLLM_VS_LLAMACPP or
 ~/.cache/fastdllm-vs-llamacpp/), each step done once:
@@ -36,20 +36,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+import harness
+
 CACHE = Path(os.environ.get("FASTDLLM_VS_LLAMACPP", Path.home() / ".cache" / "fastdllm-vs-llamacpp"))
 PACKAGE = "llama-cpp-python"
 TARGETS = ("llama-diffusion-cli", "llama-quantize", "llama-diffusion-ids")
 GGUF_TYPES = ("f32", "bf16", "q8_0", "q4_0")
 
-# name -> (description, Dream config overrides)
-SHAPES = {
-    "22m": ("random Dream d64, 8 layers, 4 heads (2 KV), MLP 1536, vocab 152064 (Dream's), untied head",
-            dict(hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=1536, max_window_layers=8)),
-    "0.5b": ("random Dream d896, 24 layers, 14 heads (2 KV), MLP 4864, vocab 151936, tied head (Qwen2.5-0.5B's shape)",
-             dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_window_layers=24)),
-}
+SHAPES = {name: harness.SHAPES[name] for name in ("22m", "0.5b")}      # random Dream-format checkpoints
 
 
 def log(msg: str) -> None:
@@ -124,7 +118,7 @@ _PATCHES = [  # (anchor in diffusion-cli.cpp, text inserted before it)
      "    const int64_t t_gen = ggml_time_us();  // vs_llamacpp\n"),
 ]
 _CMAKE = """
-# fastdllm scripts/llamacpp_build.py: diffusion-cli.cpp with prompt ids in, canvas ids out
+# fastdllm benchmarks/llamacpp_build.py: diffusion-cli.cpp with prompt ids in, canvas ids out
 add_executable(llama-diffusion-ids diffusion-ids.cpp)
 target_link_libraries(llama-diffusion-ids PRIVATE llama-diffusion llama llama-common ${CMAKE_THREAD_LIBS_INIT})
 target_compile_features(llama-diffusion-ids PRIVATE cxx_std_17)
@@ -175,13 +169,10 @@ def write_checkpoint(shape: str, seed: int = 0) -> Path:
 
     fixtures = FIXTURES / "Dream-v0-Instruct-7B"
     published = json.loads((fixtures / "config.json").read_text())
-    published.update(SHAPES[shape][1])
+    published.update(SHAPES[shape].config)
     torch.manual_seed(seed)
     model = DreamModel(DreamConfig.from_dict(published))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.02)
+    harness.randomize(model)
     tmp = out.with_name(shape + ".tmp")
     model.to(torch.bfloat16).save_pretrained(tmp, max_shard_size="2GB")
     del model

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Load test of `fastdllm serve` (a benchmark, not a test).
 
-    python scripts/serve_bench.py                                   # built-in model, CPU
-    python scripts/serve_bench.py -m DIR --dtype bf16 --max-tokens 256 --requests 64
+    python benchmarks/serve_bench.py                                   # built-in model, CPU
+    python benchmarks/serve_bench.py -m DIR --dtype bf16 --max-tokens 256 --requests 64
 
 For each --max-batch setting a real server process is started on a free loopback port; then
 --requests completions (the built-in code prompts, cycled) are sent at each concurrency by that
@@ -13,10 +13,8 @@ batched forward (from the server's /metrics). Greedy answers are identical in ev
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import platform
 import re
 import socket
 import statistics
@@ -25,18 +23,16 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import httpx
-import torch
 
 from fastdllm.bench.prompts import builtin
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, reps=None, device="auto", dtype="auto")   # --threads: the server's (FASTDLLM_THREADS)
     ap.add_argument("-m", "--model", help="checkpoint directory (default: the built-in model)")
     ap.add_argument("-P", "--profile", help="the server's profile")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--device", default="auto")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=32, help="requests per row")
     ap.add_argument("--concurrency", default="1,4,16")
@@ -45,9 +41,9 @@ def main() -> None:
 
     prompts = builtin("code").prompts
     rows = []
-    for max_batch in [int(x) for x in args.max_batch.split(",")]:
+    for max_batch in harness.csv(args.max_batch, int):
         with Server(args, max_batch) as server:
-            for concurrency in [int(x) for x in args.concurrency.split(",")]:
+            for concurrency in harness.csv(args.concurrency, int):
                 rows.append(run_load(server, prompts, args, concurrency, max_batch))
                 print(format_row(rows[-1]), file=sys.stderr)
     print(conditions(args))
@@ -55,6 +51,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(format_row(row))
+    harness.write_json(args, rows, run=conditions(args))
 
 
 class Server:
@@ -68,9 +65,11 @@ class Server:
                         "--dtype", args.dtype, "--device", args.device]
         self.command += ["-m", args.model] if args.model else []
         self.command += ["-P", args.profile] if args.profile else []
+        self.threads = args.threads
 
     def __enter__(self) -> "Server":
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {**os.environ, **({"FASTDLLM_THREADS": str(self.threads)} if self.threads else {})}
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         deadline = time.time() + 300
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -135,8 +134,7 @@ def format_row(r: dict) -> str:
 
 
 def conditions(args) -> str:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else \
-        f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    device = harness.machine(args.device, args.dtype)
     return (f"model {args.model or 'built-in'} · profile {args.profile or 'the model default'} · dtype {args.dtype} · "
             f"{device} · max_tokens {args.max_tokens} · {args.requests} requests per row · code prompts")
 

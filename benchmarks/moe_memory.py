@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
 """Memory of the full published MoE checkpoints at bf16 / 8-bit / 4-bit, from parameter counts as
 `fastdllm info` computes them (checkpoints/info.py; the model is built on the meta device: no weights),
-against 24 GiB and 12 GiB GPUs (part 3 of scripts/moe_speed.py, which prints it too; issue 14).
+against 24 GiB and 12 GiB GPUs (part 3 of benchmarks/moe_speed.py, which prints it too; issue 14).
 
-    python scripts/moe_memory.py
-    python scripts/moe_memory.py --prompt-len 512 --gen-len-memory 1024
+    python benchmarks/moe_memory.py
+    python benchmarks/moe_memory.py --prompt-len 512 --gen-len-memory 1024
 """
 
 from __future__ import annotations
 
 import argparse
 
+import harness
 import torch
-from moe_shapes import (  # scripts/moe_shapes.py: the published shapes
+from moe_shapes import (  # benchmarks/moe_shapes.py: the published shapes
     SHAPES,
     family,
     published,
@@ -64,9 +65,9 @@ def add_memory_args(ap: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=None)
     add_memory_args(ap)
-    memory(ap.parse_args())
+    memory(harness.parse(ap))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,18 @@
-"""The step scripts/moe_speed.py times: one decoding forward of a MoE model or its dense twin, as the
+"""The step benchmarks/moe_speed.py times: one decoding forward of a MoE model or its dense twin, as the
 family decodes (a cached block, or RND1's whole canvas without a cache), with per-layer times and the
 experts the step's tokens hit."""
 
 from __future__ import annotations
 
 import statistics
-import time
 from contextlib import contextmanager
 
+import harness
 import torch
 
 from fastdllm.models.moe import SparseMoE
 
 WHOLE_CANVAS = ("rnd1",)   # families that decode one global canvas with no cache: every step is a full forward
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Step:
@@ -71,8 +66,7 @@ class Step:
         marks: list[float] = []
 
         def mark(*_):
-            sync(self.device)
-            marks.append(time.perf_counter())
+            marks.append(harness.clock(self.device))
         hooks = [h for b in self.model.blocks for h in (b.register_forward_pre_hook(mark), b.register_forward_hook(mark))]
         steps, layers = [], []
         try:
@@ -90,11 +84,7 @@ class Step:
         return statistics.median(steps[1:]), [statistics.median(layer) for layer in zip(*layers[1:])]
 
     def run_once(self) -> float:
-        sync(self.device)
-        start = time.perf_counter()
-        self()
-        sync(self.device)
-        return 1000 * (time.perf_counter() - start)
+        return harness.time_ms(self, self.device)
 
     def expert_hits(self) -> list[int | None]:
         """Distinct routed experts the step's tokens chose in each layer (None: a dense layer)."""

@@ -7,9 +7,9 @@ weights with int8 activations ("w8a8": Int8Linear.matmul_int8 itself, per-row dy
 quantization + `torch._int_mm` + rescale, the path Int8Linear takes from W8A8_ROWS rows; "w4a8":
 Int4Linear.matmul_int8, the same after unpacking the int4 codes to int8).
 
-    python scripts/cpu_quant_kernels.py                        # the 0.5B and mid shapes, M 1..320
-    python scripts/cpu_quant_kernels.py --shapes 0.5b --rows 1,32 --reps 7
-    python scripts/cpu_quant_kernels.py --shapes 0.5b --no-head --variants "bf16,int8 bf16,w8a8 bf16"
+    python benchmarks/cpu_quant_kernels.py                        # the 0.5B and mid shapes, M 1..320
+    python benchmarks/cpu_quant_kernels.py --shapes 0.5b --rows 1,32 --reps 7
+    python benchmarks/cpu_quant_kernels.py --shapes 0.5b --no-head --variants "bf16,int8 bf16,w8a8 bf16"
 
 Variants of one (shape, M) are interleaved (A B C A B C ...); the table gives the median ms of the
 repetitions and each variant's speed-up over bf16.
@@ -17,15 +17,10 @@ repetitions and each variant's speed-up over bf16.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
-from pathlib import Path
-
+import harness
 import torch
 from torch import nn
 
-from fastdllm.models.cpu import bf16_note, capability
 from fastdllm.models.cpu_int4 import GROUP, Int4Linear
 from fastdllm.models.cpu_quant import Int8Linear
 
@@ -72,36 +67,25 @@ SLOW = ("int8 fp32", "int4 fp32")
 
 
 def measure(fns: dict, M: int, K: int, reps: int, slow_rows: int) -> dict[str, float]:
+    """Median ms of each variant on M rows, the variants interleaved after one warm-up."""
     fns = {name: f for name, f in fns.items() if name not in SLOW or M <= slow_rows}
     x = torch.randn(M, K)
     inputs = {dt: x.to(dt) for dt in (torch.float32, torch.bfloat16)}
-    for dt, fn in fns.values():                                         # warm-up
-        fn(inputs[dt])
-    times = {name: [] for name in fns}
-    for _ in range(reps):                                               # interleaved
-        for name, (dt, fn) in fns.items():
-            start = time.perf_counter()
-            fn(inputs[dt])
-            times[name].append(1000 * (time.perf_counter() - start))
-    return {name: statistics.median(t) for name, t in times.items()}
+    runs = {name: lambda dt=dt, fn=fn: harness.time_ms(lambda: fn(inputs[dt])) for name, (dt, fn) in fns.items()}
+    return {name: harness.spread(t)["median"] for name, t in harness.interleaved(runs, reps).items()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=9)
     ap.add_argument("--shapes", default="0.5b,mid")
     ap.add_argument("--rows", default="1,8,16,32,64,128,320")
-    ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--slow-rows", type=int, default=8, help=f"largest M timed for {', '.join(SLOW)}")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--variants", default="", help="comma-separated columns to time (default: all; bf16 always)")
     ap.add_argument("--no-head", action="store_true", help="leave out the output head's shape (slow)")
     ap.add_argument("--only", default="", help="time only the matrices whose name starts with this (e.g. head)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else "?"
-    print(f"# torch {torch.__version__}, capability {capability()}, {bf16_note()}, {torch.get_num_threads()} threads, "
-          f"load {' '.join(load)}; median ms of {args.reps} interleaved repetitions (x: speed-up over bf16)")
+    args = harness.parse(ap)
+    print(f"# {harness.machine('cpu')}; median ms of {args.reps} interleaved repetitions (x: speed-up over bf16)")
+    records = []
     with torch.no_grad():
         for shape in args.shapes.split(","):
             for what, N, K in SHAPES[shape]:
@@ -117,6 +101,8 @@ def main() -> None:
                     ms = measure(fns, M, K, args.reps, args.slow_rows)
                     print(f"{M:4d} " + " ".join(f"{ms[n]:8.3f} ({ms['bf16'] / ms[n]:4.2f}x)" if n in ms else f"{'-':>16s}"
                                                 for n in fns), flush=True)
+                    records.append(dict(shape=shape, matrix=what, rows=M, ms=ms))
+    harness.write_json(args, records, reps=args.reps)
 
 
 if __name__ == "__main__":

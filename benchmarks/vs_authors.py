@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """fastdllm against the authors' LLaDA code, per step, in every cache mode (a benchmark, not a test).
 
-    python scripts/vs_authors.py --authors ~/src/Fast-dLLM            # mid shape, fp32 and bf16
-    python scripts/vs_authors.py --authors ~/src/Fast-dLLM --dtypes bf16 --modes dual --reps 5
+    python benchmarks/vs_authors.py --authors ~/src/Fast-dLLM            # mid shape, fp32 and bf16
+    python benchmarks/vs_authors.py --authors ~/src/Fast-dLLM --dtypes bf16 --modes dual --reps 5
 
 `--authors` is a checkout of NVlabs/Fast-dLLM; nothing of it is part of fastdllm. Its
 `llada/generate.py` (`generate`, `generate_with_prefix_cache`, `generate_with_dual_cache`) and its
 `llada/model` (`LLaDAModelLM`, `LLaDAConfig`) are imported from that path at run time.
 
 One random checkpoint in LLaDA-8B-Instruct's published layout (config.json, tensor names) is written
-with fastdllm's writer (`write_llada`; default: the "mid" shape of scripts/step_profile.py, d_model 512,
+with fastdllm's writer (`write_llada`; default: the harness's "mid" shape, d_model 512,
 8 layers, 8 heads, MLP 1408, with LLaDA's vocabulary size 126464; `logit_scale` makes the confidences
 peaked and varied, so that the threshold rule commits one to several tokens a step, as a trained model
 does). The authors' model is built from that config.json with their config class and loads the
@@ -33,7 +33,6 @@ stubbed when it is not installed; `from_pretrained` fails on 5.x (their `__init_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -45,14 +44,13 @@ import time
 import types
 from pathlib import Path
 
+import harness
 import torch
 import transformers
 from safetensors.torch import load_file
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_random import write_llada
 from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 AUTHORS_FN = {"none": "generate", "prefix": "generate_with_prefix_cache", "dual": "generate_with_dual_cache"}
@@ -96,21 +94,6 @@ def revision(root: Path) -> str:
         return "unknown revision"
 
 
-def cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def time_authors(authors, model, prompt: torch.Tensor, mode: str, args, mask: int, gen_len: int):
     fn = getattr(authors, AUTHORS_FN[mode])
     start = time.perf_counter()
@@ -123,9 +106,7 @@ def time_authors(authors, model, prompt: torch.Tensor, mode: str, args, mask: in
 def time_fastdllm(lm, prompt: list[int], mode: str, args, gen_len: int):
     cfg = DecodeConfig(gen_len=gen_len, block_len=args.block_len, cache=mode, rule="threshold",
                        threshold=args.threshold, early_stop=False)
-    start = time.perf_counter()
-    result = run(lm.decoder, [prompt], cfg)
-    seconds = time.perf_counter() - start
+    seconds, result = harness.decode(lm, [prompt], cfg, warmup_blocks=0)    # warmed up in main
     return seconds, result.nfe, result.canvas[0].tolist()
 
 
@@ -137,28 +118,26 @@ def agreement(a: list[int], b: list[int]) -> str:
     return f"{same}/{len(a)} (first diff at {first})"
 
 
-def table(runs) -> None:
-    """The table so far (printed after every repetition: a loaded machine may not finish them all)."""
+def table(runs: dict, dtypes: list[str], modes: list[str]) -> None:
+    """The table so far: runs[dtype, mode, "a" (authors) or "f" (fastdllm)] -> (seconds, NFE, tokens)."""
     print(f"{'mode':7s} {'dtype':5s} {'authors ms/step':>15s} {'fastdllm ms/step':>16s} {'ratio':>6s} "
           f"{'(min-max)':>11s} {'NFE a/f':>8s}  tokens equal")
-    for (d, mode), r in runs.items():
-        a = [1000 * s / n for s, n, _ in r["a"]]
-        f = [1000 * s / n for s, n, _ in r["f"]]
-        ratios = [x / y for x, y in zip(a, f)]
-        ma, mf = statistics.median(a), statistics.median(f)
-        nfe = f"{r['a'][0][1]}/{r['f'][0][1]}"
-        print(f"{mode:7s} {d:5s} {ma:15.1f} {mf:16.1f} {ma / mf:6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f} "
-              f"{nfe:>8s}  {agreement(r['a'][0][2], r['f'][0][2])}", flush=True)
+    for d in dtypes:
+        for mode in modes:
+            ra, rf = runs[d, mode, "a"], runs[d, mode, "f"]
+            a = [1000 * s / n for s, n, _ in ra]
+            f = [1000 * s / n for s, n, _ in rf]
+            ratios = [x / y for x, y in zip(a, f)]
+            ma, mf = statistics.median(a), statistics.median(f)
+            nfe = f"{ra[0][1]}/{rf[0][1]}"
+            print(f"{mode:7s} {d:5s} {ma:15.1f} {mf:16.1f} {ma / mf:6.2f} {min(ratios):5.2f}-{max(ratios):<5.2f} "
+                  f"{nfe:>8s}  {agreement(ra[0][2], rf[0][2])}", flush=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--authors", type=Path, required=True, help="a checkout of NVlabs/Fast-dLLM")
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--mlp", type=int, default=1408)
-    ap.add_argument("--vocab", type=int, default=126464, help="LLaDA's vocabulary size")
+    harness.add_llada_shape(ap, vocab=126464)                      # LLaDA's vocabulary size
     ap.add_argument("--logit-scale", type=float, default=40.0, help="write_llada's logit_scale (peaked confidences)")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -166,25 +145,21 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--modes", default="none,prefix,dual")
     ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--checkpoint", type=Path, help="reuse (or write once into) this directory")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     modes, dtypes = args.modes.split(","), args.dtypes.split(",")
 
     authors, config_cls = import_authors(args.authors.expanduser().resolve())
     with tempfile.TemporaryDirectory() as tmp:
         path = args.checkpoint or Path(tmp) / "llada"
         if not (path / "config.json").is_file():
-            write_llada(path, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                        mlp_hidden_size=args.mlp, vocab_size=args.vocab, logit_scale=args.logit_scale,
-                        max_sequence_length=8192, shard_bytes="2GB")
+            harness.write_random(harness.llada_shape(args), path, logit_scale=args.logit_scale)
         theirs = {d: authors_model(authors, config_cls, path, DTYPES[d]) for d in dtypes}
         ours = {d: loading.load(path, dtype=d, device="cpu") for d in dtypes}
         config = json.loads((path / "config.json").read_text())
     mask = ours[dtypes[0]].specials.mask
     assert mask == config["mask_token_id"]
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(10, 300, (args.prompt,), generator=g).tolist()
+    prompt = harness.prompt_ids(args.prompt)
     tensor = torch.tensor([prompt])
 
     print(f"# model: random LLaDA (published layout) d_model {config['d_model']}, {config['n_layers']} layers, "
@@ -193,24 +168,21 @@ def main() -> None:
     print(f"# prompt {args.prompt}, gen_len {args.gen_len}, block {args.block_len}, threshold {args.threshold:g} "
           f"(greedy, prob confidence, no early stop); {args.reps} interleaved reps after one warm-up, medians")
     print(f"# authors: NVlabs/Fast-dLLM {revision(args.authors)} llada/generate.py at {args.authors}")
-    print(f"# {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}, transformers "
-          f"{transformers.__version__}; python {platform.python_version()}; load average {loadavg()}"
+    print(f"# {harness.machine('cpu', dtypes[-1])}; transformers {transformers.__version__}; "
+          f"python {platform.python_version()}"
           + (f"; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}" if "OMP_NUM_THREADS" in os.environ else ""),
           flush=True)
 
-    for d in dtypes:                                    # warm-up: every shape (their sdpa is torch.compiled)
-        for mode in modes:
-            time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len)
-            time_fastdllm(ours[d], prompt, mode, args, args.gen_len)
-    runs = {(d, m): {"a": [], "f": []} for d in dtypes for m in modes}
-    for rep in range(args.reps):                                        # interleaved: A F A F ...
-        for d in dtypes:
-            for mode in modes:
-                runs[d, mode]["a"].append(time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len))
-                runs[d, mode]["f"].append(time_fastdllm(ours[d], prompt, mode, args, args.gen_len))
-        print(f"\n# after rep {rep + 1}/{args.reps}, load average {loadavg()}")
-        table(runs)
-    print(f"# load average at the end {loadavg()}")
+    # every (dtype, mode): the authors' run, then ours; one warm-up round (their sdpa is torch.compiled)
+    runs = {(d, mode, who): (lambda d=d, mode=mode: time_authors(authors, theirs[d], tensor, mode, args, mask, args.gen_len))
+            if who == "a" else (lambda d=d, mode=mode: time_fastdllm(ours[d], prompt, mode, args, args.gen_len))
+            for d in dtypes for mode in modes for who in "af"}
+
+    def after_round(i: int, so_far: dict) -> None:
+        print(f"\n# after rep {i + 1}/{args.reps}, load average {harness.loadavg()}")
+        table(so_far, dtypes, modes)
+    harness.interleaved(runs, args.reps, warmup=1, after_round=after_round)
+    print(f"# load average at the end {harness.loadavg()}")
 
 
 if __name__ == "__main__":

@@ -5,18 +5,17 @@ the 30 layers are added up (25 sliding, 5 full). Prints the step, the canvas (st
 encoder pass that commits it), the cost per committed token and the memory at bf16/8-bit/4-bit; on a GPU also the bound set by
 reading every weight once per step (all 128 experts are hit by a 256-token canvas).
 
-    python scripts/diffusion_gemma_cost.py                       # this CPU, bf16
-    python scripts/diffusion_gemma_cost.py --device cuda --repeat 20
+    python benchmarks/diffusion_gemma_cost.py                       # this CPU, bf16
+    python benchmarks/diffusion_gemma_cost.py --device cuda --repeat 20
 
 Timings are medians of --repeat runs after one warm-up, the device synchronised around each part.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 
+import harness
 import torch
 
 from fastdllm.checkpoints.info import memory_estimate, shape_summary
@@ -30,15 +29,14 @@ LAYERS = {"sliding_attention": 25, "full_attention": 5}          # the published
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu")
+    p = harness.parser(__doc__, reps=None, device="cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--canvas", type=int, default=256)
     p.add_argument("--steps", type=int, nargs="+", default=[48, 16], help="denoising steps per canvas to report")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--reps", "--repeat", dest="repeat", type=int, default=3, help="timed runs after one warm-up")
     p.add_argument("--bandwidth", type=float, help="GB/s of device memory, for the weight-read bound")
-    args = p.parse_args()
+    args = harness.parse(p)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -46,9 +44,7 @@ def main() -> None:
                                   canvas_length=args.canvas)
     with torch.device(device):
         model = DiffusionGemmaForBlockDiffusion(config).to(dtype).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.02) if param.ndim >= 2 else param.fill_(1.0)
+    harness.randomize(model, fill_rest=True)                         # scales 1 (no biases)
     prompt = torch.randint(0, PUBLISHED_TEXT["vocab_size"], (1, args.prompt), device=device)
     canvas = torch.randint(0, PUBLISHED_TEXT["vocab_size"], (1, args.canvas), device=device)
     times: dict[str, list[float]] = {}
@@ -60,13 +56,13 @@ def main() -> None:
             previous = None
             for _ in range(2):                       # a first step, and one self-conditioned on it
                 times.setdefault("step", [])
-                begin = _now(device)
+                begin = harness.clock(device)
                 logits = model.denoise(canvas, args.prompt, cache, previous)
-                times["step"].append(_now(device) - begin)
+                times["step"].append(harness.clock(device) - begin)
                 previous = logits.to(dtype)
-            begin = _now(device)
+            begin = harness.clock(device)
             model.encode(canvas, args.prompt, cache)
-            times.setdefault("encode canvas", []).append(_now(device) - begin)
+            times.setdefault("encode canvas", []).append(harness.clock(device) - begin)
             if run == 0:
                 for measured in times.values():      # the warm-up is not counted
                     measured.clear()
@@ -80,16 +76,10 @@ def _time_layers(model, times, device):
     hooks, started = [], {}
     for i, layer in enumerate(model.blocks):
         kind = model.config.layer_types[i]
-        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: started.__setitem__(i, _now(device))))
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: started.__setitem__(i, harness.clock(device))))
         hooks.append(layer.register_forward_hook(
-            lambda m, a, o, i=i, kind=kind: times.setdefault(kind, []).append(_now(device) - started[i])))
+            lambda m, a, o, i=i, kind=kind: times.setdefault(kind, []).append(harness.clock(device) - started[i])))
     return hooks
-
-
-def _now(device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def report(args, config, model, times, device) -> None:
@@ -102,7 +92,8 @@ def report(args, config, model, times, device) -> None:
     params = sum(p.numel() for p in model.parameters())
     per_layer = {k: sum(p.numel() for p in model.blocks[list(LAYERS).index(k)].parameters()) for k in LAYERS}
     full_params = params - sum(per_layer.values()) + sum(n * per_layer[k] for k, n in LAYERS.items())
-    print(f"DiffusionGemma 26B-A4B shape on {device} ({args.dtype}), prompt {args.prompt}, canvas {args.canvas}")
+    print(f"DiffusionGemma 26B-A4B shape on {harness.machine(device, args.dtype)} ({args.dtype}), prompt {args.prompt}, "
+          f"canvas {args.canvas}")
     print(f"  built: 2 layers, {params / 1e9:.2f} B parameters; published depth: {full_params / 1e9:.2f} B")
     print(f"  per decoder step (30 layers added up): {step * 1e3:.0f} ms = {rest * 1e3:.0f} ms embedding + "
           f"self-conditioning + head, {layer_step['sliding_attention'] * 1e3:.0f} ms per sliding layer x 25, "
@@ -118,6 +109,9 @@ def report(args, config, model, times, device) -> None:
               f"(step / bound = {step / bound:.1f}x)")
     print("  CUDA graphs: not used for this family (its expert routing sizes matmuls on the host)")
     memory(args)
+    harness.write_json(args, [dict(step_ms=1e3 * step, rest_ms=1e3 * rest, encode_ms=1e3 * encode,
+                                   layer_ms={k: 1e3 * v for k, v in layer_step.items()}, parameters=full_params)],
+                       prompt=args.prompt, canvas=args.canvas, repeat=args.repeat)
 
 
 def memory(args) -> None:

@@ -1,4 +1,4 @@
-"""The runs scripts/vs_llamacpp.py times: one llama.cpp diffusion run (llama-diffusion-ids or the
+"""The runs benchmarks/vs_llamacpp.py times: one llama.cpp diffusion run (llama-diffusion-ids or the
 plain llama-diffusion-cli), one fastdllm run, a CPU hog for --busy, the interleaved repetitions and
 their medians and spreads."""
 
@@ -11,17 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+from harness import loadavg, span
+
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import stepper
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def spread(xs: list[float]) -> str:
-    return f"{min(xs):.4g}-{max(xs):.4g}" if len(xs) > 1 else "-"
 
 
 # -- llama.cpp --------------------------------------------------------------------------------------
@@ -128,8 +122,8 @@ def summary(row: dict, gen_len: int) -> dict:
             continue
         per_fwd = [1000 * r["seconds"] / r["forwards"] for r in runs]
         tps = [gen_len / r["seconds"] for r in runs]
-        out[cond] = {"ms_per_forward": statistics.median(per_fwd), "ms_per_forward_spread": spread(per_fwd),
-                     "tokens_per_s": statistics.median(tps), "tokens_per_s_spread": spread(tps),
+        out[cond] = {"ms_per_forward": statistics.median(per_fwd), "ms_per_forward_spread": span(per_fwd),
+                     "tokens_per_s": statistics.median(tps), "tokens_per_s_spread": span(tps),
                      "forwards": runs[0]["forwards"], "seconds": [r["seconds"] for r in runs]}
         if "sampling_s" in runs[0]:
             out[cond]["sampling_ms_per_forward"] = statistics.median(

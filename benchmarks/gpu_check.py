@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU check of the CUDA-graph path (needs a CUDA device; a check to run by hand, not a CI test).
 
-    python scripts/gpu_check.py
+    python benchmarks/gpu_check.py
 
 Tiny random LLaDA and Dream checkpoints in the published formats, fp32 on the GPU, a batch of two
 prompts of different lengths: decoding with graph replay must commit exactly the same tokens at
@@ -21,13 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastdllm.checkpoints import loading  # noqa: E402
-from fastdllm.checkpoints.tiny_random import write_dream, write_llada  # noqa: E402
+from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada  # noqa: E402
 from fastdllm.decode import engine  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.decode.engine import Result, StepEvent, generate  # noqa: E402
 from fastdllm.decode.graphs import SpanForward  # noqa: E402
 
-FIXTURES = ROOT / "fastdllm" / "published"
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please."]
 
 

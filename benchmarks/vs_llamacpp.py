@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """fastdllm beside llama.cpp's diffusion CLI on the same random Dream-format checkpoint (a benchmark).
 
-    python scripts/vs_llamacpp.py --shapes 22m                      # token equality and timings
-    python scripts/vs_llamacpp.py --shapes 0.5b --eq-steps 32 --e2e project --reps 2
-    python scripts/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
+    python benchmarks/vs_llamacpp.py --shapes 22m                      # token equality and timings
+    python benchmarks/vs_llamacpp.py --shapes 0.5b --eq-steps 32 --e2e project --reps 2
+    python benchmarks/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
 
-scripts/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
+benchmarks/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
 the checkpoint with llama.cpp's own tools, once, into a cache outside the repository.
 
 Which llama.cpp setting is which fastdllm rule (examples/diffusion/diffusion.cpp):
@@ -42,17 +42,16 @@ import os
 
 USER_ENV = dict(os.environ)
 
-import argparse
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
-import llamacpp_build as lb  # scripts/llamacpp_build.py
+import harness
+import llamacpp_build as lb  # benchmarks/llamacpp_build.py
 import llamacpp_runs
 import torch
-from llamacpp_runs import (  # scripts/llamacpp_runs.py
+from llamacpp_runs import (  # benchmarks/llamacpp_runs.py
     cfg_of,
     fastdllm,
     llama,
@@ -70,13 +69,6 @@ TEXT = ("Write a short story about a robot who learns to paint. The robot lives 
         "and every morning it walks to the harbour to watch the fishing boats come in. One day it finds a box "
         "of old paints left behind by a sailor, and it begins to wonder what colours the sea would be if it "
         "could paint them itself.")
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def equality(bins, files, lms, prompt, a, steps: int) -> dict:
@@ -200,10 +192,9 @@ def versions(info: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=3)
+    ap.set_defaults(threads=2)                                   # both tools
     ap.add_argument("--shapes", default="22m", help=f"comma list of {', '.join(lb.SHAPES)}")
-    ap.add_argument("--threads", type=int, default=2, help="both tools")
-    ap.add_argument("--reps", type=int, default=3, help="timed runs per row, interleaved across rows")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--block-len", type=int, default=32)
@@ -223,17 +214,15 @@ def main() -> None:
     ap.add_argument("--busy-core", type=int, default=0)
     ap.add_argument("--no-cli-check", action="store_true", help="skip the run of the unmodified llama-diffusion-cli")
     ap.add_argument("--llamacpp-version", help="llama-cpp-python sdist version (default: the newest)")
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+    a = harness.parse(ap)
     llamacpp_runs.LLAMA_ENV = USER_ENV
     a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
                                                  for s in (a.precisions, a.best_llama, a.best_fastdllm))
-    torch.set_num_threads(a.threads)
     thread_watch.start(a.threads, set(os.sched_getaffinity(0)))     # as the CLI: fewer beside busy cores
     shapes = a.shapes.split(",")
     kinds = sorted(set(a.precisions) | set(a.best_llama) | {"f32"}, key=[p[0] for p in PRECISIONS].index)
     prep = lb.prepare(shapes, kinds=kinds, version=a.llamacpp_version, jobs=os.cpu_count())
-    conditions = {"cpu": cpu_name(), "torch_capability": capability(), "bf16": bf16_note(), "threads": a.threads,
+    conditions = {"cpu": harness.cpu_name(), "torch_capability": capability(), "bf16": bf16_note(), "threads": a.threads,
                   "cores": os.cpu_count(), "load_start": loadavg(), "reps": a.reps, "prompt_len": a.prompt_len,
                   "gen_len": a.gen_len, "block_len": a.block_len, **versions(prep["info"])}
     print(f"built llama.cpp {prep['info']} in {lb.CACHE}", file=sys.stderr)
@@ -251,7 +240,7 @@ def main() -> None:
         tok = lms["fp32"].tokenizer
         prompt = tok(TEXT)["input_ids"][:a.prompt_len]
         n_params = sum(p.numel() for p in lms["fp32"].model.parameters())
-        info = {"description": lb.SHAPES[shape][0], "params": n_params, "canvas": a.prompt_len + a.gen_len}
+        info = {"description": lb.SHAPES[shape].text, "params": n_params, "canvas": a.prompt_len + a.gen_len}
         # warm-up (fastdllm: the first forward of a process; llama.cpp: page cache)
         for fq, lm in lms.items():
             fastdllm(lm, prompt, cfg_of(a, "sequential", "none", a.gen_len // a.block_len))

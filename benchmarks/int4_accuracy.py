@@ -4,7 +4,7 @@ llama.cpp's q4_0 as its format defines it (groups of 32, step = the largest-magn
 -8, rounded to fp16, codes clamped to [-8, 7]) and the asymmetric min-max groups of 64 fastdllm
 used before (bf16 scale and zero). Relative RMS error of the weight, three kinds of random weights.
 
-    python scripts/int4_accuracy.py
+    python benchmarks/int4_accuracy.py
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 """Mixture-of-experts decoding cost against a dense model of the same active size, and the memory
 of the full MoE checkpoints (a benchmark, not a test; issue 14).
 
-    python scripts/moe_speed.py                                    # CPU, fp32: LLaDA2-mini per layer, 2 layers
-    python scripts/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
-    python scripts/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
-    python scripts/moe_speed.py --shapes sdar-30b-a3b --block 4 --masked 0.75   # SDAR's blocks of 4
-    python scripts/moe_speed.py --shapes rnd1-30b-a3b --prefix 64 --gen-len 256   # RND1: the whole canvas, no cache
+    python benchmarks/moe_speed.py                                    # CPU, fp32: LLaDA2-mini per layer, 2 layers
+    python benchmarks/moe_speed.py --shapes llada2-mini,llada-moe-7b --threads 1 --engine
+    python benchmarks/moe_speed.py --device cuda --dtype bf16 --shapes llada2-mini,llada-moe-7b   # all layers
+    python benchmarks/moe_speed.py --shapes sdar-30b-a3b --block 4 --masked 0.75   # SDAR's blocks of 4
+    python benchmarks/moe_speed.py --shapes rnd1-30b-a3b --prefix 64 --gen-len 256   # RND1: the whole canvas, no cache
 
 1. Per-step cost. The published config (fastdllm/checkpoints/published/<family>/config.json) with only
    `--layers` (every one a MoE layer: the published dense layer 0 is left out, so the figures are
@@ -20,7 +20,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
    blocks are 4 tokens: `--block 4`), bidirectional against the whole canvas for LLaDA-MoE (its DualCache step).
    RND1 decodes one global canvas without a cache: its step is a forward over the whole canvas
    (`--prefix` prompt tokens and `--gen-len` answer slots, a `--masked` share of them masks), and so
-   is its dense twin's (scripts/moe_step.py). Fewer experts
+   is its dense twin's (benchmarks/moe_step.py). Fewer experts
    change nothing in the compute of one token, but they change how many distinct experts the
    block's tokens hit, and every expert hit is read once per step: that count (measured, and the
    expectation under uniform routing) is printed beside the cost. The MoE model is timed twice:
@@ -39,10 +39,7 @@ of the full MoE checkpoints (a benchmark, not a test; issue 14).
 
 from __future__ import annotations
 
-import argparse
 import gc
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -50,12 +47,13 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import harness
 import torch
-from moe_memory import (  # scripts/moe_memory.py: the memory table (part 3)
+from moe_memory import (  # benchmarks/moe_memory.py: the memory table (part 3)
     add_memory_args,
     memory,
 )
-from moe_shapes import (  # scripts/moe_shapes.py
+from moe_shapes import (  # benchmarks/moe_shapes.py
     SHAPES,
     active_parameters,
     active_width,
@@ -69,31 +67,15 @@ from moe_shapes import (  # scripts/moe_shapes.py
     read_per_step,
     shared_width,
 )
-from moe_step import (  # scripts/moe_step.py: the timed step
+from moe_step import (  # benchmarks/moe_step.py: the timed step
     WHOLE_CANVAS,
     Step,
-    sync,
     uniform_routing,
 )
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 from fastdllm.decode.family_defaults import decode_defaults
-from fastdllm.models.cpu import bf16_note
-
-
-def read_bandwidth(device: torch.device) -> float:
-    """Bytes/s of one reading pass over a 1 GiB buffer (best of 3): what a weight-bound step can hope for."""
-    x = torch.ones(2**28, device=device)
-    best = float("inf")
-    for _ in range(4):
-        sync(device)
-        start = time.perf_counter()
-        x.sum()
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * x.element_size() / best
 
 
 def engine_ms(lm, args) -> tuple[float, int, float]:
@@ -101,16 +83,13 @@ def engine_ms(lm, args) -> tuple[float, int, float]:
     no early stop) on a prompt of `--prefix` tokens; one block of warm-up not counted."""
     cfg = DecodeConfig(**{**decode_defaults(lm.model.config.to_dict()), "gen_len": args.engine_gen_len,
                           "early_stop": False})
-    prompt = torch.randint(0, 4096, (args.prefix,), generator=torch.Generator().manual_seed(0)).tolist()
-    run(lm.decoder, [prompt], DecodeConfig.from_dict({"gen_len": cfg.block_len}, cfg))
-    start = time.perf_counter()
-    result = run(lm.decoder, [prompt], cfg)
-    seconds = time.perf_counter() - start
+    prompt = harness.prompt_ids(args.prefix, 0, 4096)
+    seconds, result = harness.decode(lm, [prompt], cfg, warmup_blocks=1)
     return 1000 * seconds / result.nfe, result.nfe, result.committed / result.nfe
 
 
 # --- the three parts -------------------------------------------------------------------------------
-def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
+def speed(name: str, args, tmp: Path, bandwidth: float) -> list[dict]:
     raw = published(name)
     layers = args.layers or raw["num_hidden_layers"]
     experts = args.experts or raw["num_experts"]
@@ -173,6 +152,7 @@ def speed(name: str, args, tmp: Path, bandwidth: float) -> None:
             ms, nfe, tpf = r["engine"]
             print(f"- engine, the family's rule ({args.engine_gen_len} tokens, prompt {args.prefix}): "
                   f"{r['label']} {ms:.1f} ms/forward, NFE {nfe}, {tpf:.2f} tokens/forward")
+    return [dict(shape=name, layers=layers, experts=experts, **r) for r in rows]
 
 
 def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) -> None:
@@ -196,22 +176,8 @@ def full_estimate(raw: dict, moe: dict, dense: dict, experts: int, layers: int) 
           f"{hits:.0f}){spread}")
 
 
-def device_name(device: torch.device, dtype: str) -> str:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
-    model = platform.processor() or platform.machine()
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"cpu: {model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, ISA " \
-           f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype == "bf16" else "")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=5, device="cpu", dtype=None)
     ap.add_argument("--shapes", default="llada2-mini", help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--layers", type=int, default=None, help="MoE layers built (default: 2 on CPU, the published count on a GPU)")
     ap.add_argument("--experts", type=int, default=None, help="routed experts per layer (default: the published count)")
@@ -219,42 +185,38 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--gen-len", type=int, default=128, help="canvas slots from the block on")
     ap.add_argument("--masked", type=float, default=0.5, help="fraction of the block's tokens that are masks (at least one)")
-    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--routing", default="router,uniform", help="MoE choices timed: router (the random router's), uniform")
     ap.add_argument("--dtype", default=None, help="fp32 (CPU default) or bf16 (GPU default)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the read bound (default: measured)")
     ap.add_argument("--engine", action="store_true", help="also decode with the engine and the family's rule")
     ap.add_argument("--engine-gen-len", type=int, default=64)
     add_memory_args(ap)
     ap.add_argument("--skip-speed", action="store_true", help="only the memory table")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = harness.parse(ap)
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     if args.layers is None and device.type == "cpu":
         args.layers = 2
-    load = os.getloadavg()                     # before this script's own work
-    bandwidth = args.bandwidth or read_bandwidth(device)
-    conditions = [("device", device_name(device, args.dtype)), ("dtype", args.dtype), ("torch", torch.__version__),
-                  ("load average (1, 5, 15 min) at start", " ".join(f"{x:.2f}" for x in load)),
-                  ("read bandwidth", f"{bandwidth / 1e9:.1f} GB/s ({'given' if args.bandwidth else 'measured: one pass over 1 GiB'})"),
+    where = harness.machine(device, args.dtype)              # with the load before this script's own work
+    bandwidth = args.bandwidth or harness.read_bandwidth(device)
+    conditions = [("device", where), ("dtype", args.dtype),
+                  ("read bandwidth", f"{bandwidth / 1e9:.1f} GB/s ({'given' if args.bandwidth else 'measured: one pass over 1 GiB on a GPU, 256 MiB on a CPU'})"),
                   ("shapes", ", ".join(f"{n} ({args.layers or published(n)['num_hidden_layers']} MoE layers, "
                                        f"{args.experts or published(n)['num_experts']} experts)" for n in args.shapes.split(","))),
                   ("step", f"block {args.block}, {args.masked:.0%} masks, {args.prefix} cached tokens, canvas "
                            f"{args.prefix + args.gen_len}, median of {args.reps}; {', '.join(WHOLE_CANVAS)}: the "
                            f"whole canvas, {args.masked:.0%} of its {args.gen_len} answer slots masks, no cache"),
                   ("weights", "random (std 0.02), built in memory")]
-    print("# MoE against dense of the same active size (scripts/moe_speed.py)\n\n| condition | value |\n|---|---|")
+    print("# MoE against dense of the same active size (benchmarks/moe_speed.py)\n\n| condition | value |\n|---|---|")
     for key, value in conditions:
         print(f"| {key} | {value} |")
+    records = []
     if not args.skip_speed:
         with tempfile.TemporaryDirectory() as tmp:
-            for name in args.shapes.split(","):
-                speed(name, args, Path(tmp), bandwidth)
+            for name in harness.csv(args.shapes):
+                records += speed(name, args, Path(tmp), bandwidth)
     memory(args)
+    harness.write_json(args, records, **dict(conditions))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""benchmarks/: every benchmark imports and parses its options on the harness; the harness's
+repetitions interleave and its spread is what it says; one benchmark runs end to end at a tiny
+shape and writes its JSON (slow lane)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+ON_HARNESS = sorted(p.stem for p in BENCH.glob("*.py") if "harness.parser(" in p.read_text())
+
+
+@pytest.fixture
+def bench_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))      # as `python benchmarks/NAME.py` puts it first
+
+
+def test_the_benchmarks_use_one_harness():
+    assert {"speed", "step_profile", "moe_speed", "cpu_quant_kernels", "blockdiff_speed", "vs_llamacpp",
+            "vs_authors", "serve_bench", "diffusion_gemma_cost"} <= set(ON_HARNESS)
+    for p in BENCH.glob("*.py"):                 # the parts the harness holds are not written again
+        text = p.read_text()
+        assert "def cpu_name" not in text or p.stem == "harness", p.name
+        assert "def read_bandwidth" not in text or p.stem == "harness", p.name
+        assert len(text.splitlines()) <= 310, p.name
+
+
+@pytest.mark.parametrize("name", ON_HARNESS)
+def test_every_benchmark_parses_its_options(name, bench_path, monkeypatch, capsys):
+    module = importlib.import_module(name)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
+    with pytest.raises(SystemExit) as done:
+        module.main()
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--threads" in out and "--json" in out
+
+
+def test_interleaved_runs_round_by_round_after_the_warm_up(bench_path):
+    import harness
+
+    calls = []
+    runs = {k: (lambda k=k: calls.append(k) or len(calls)) for k in "ab"}
+    out = harness.interleaved(runs, reps=2, warmup=1)
+    assert calls == list("ababab")                       # one warm-up round, then A B A B
+    assert out == {"a": [3, 5], "b": [4, 6]}             # warm-up results not kept
+
+
+def test_spread_is_range_over_median(bench_path):
+    import harness
+
+    assert harness.spread([1.0, 2.0, 4.0]) == {"median": 2.0, "min": 1.0, "max": 4.0, "n": 3, "spread": 1.5}
+    assert harness.spread([3.0])["spread"] is None
+    assert harness.span([1.0, 2.5]) == "1-2.5" and harness.span([1.0]) == "-"
+    assert harness.csv("1, 8,,32", int) == [1, 8, 32]
+
+
+@pytest.mark.slow
+def test_speed_runs_at_a_tiny_shape_and_writes_json(tmp_path):
+    out = tmp_path / "speed.json"
+    cmd = [sys.executable, str(BENCH / "speed.py"), "--d-model", "64", "--layers", "2", "--heads", "4", "--mlp", "128",
+           "--vocab", "1000", "--prompt", "8", "--gen-len", "32", "--modes", "none,dual", "--dtype", "fp32",
+           "--in-memory", "--threads", "1", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert [r["mode"] for r in report["records"]] == ["none", "dual"]
+    assert all(r["nfe"] == 32 for r in report["records"])            # one token per step
+    assert "cpu" in report["conditions"]["machine"]
