@@ -13,6 +13,7 @@ llguidance is imported when a constraint is compiled, never at import time (the 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +90,14 @@ class Compiled:
         first = self.matcher()
         if first.is_error():
             raise UserError(f"{spec.label}: {one_line(first.get_error())}")
-        if not first.is_accepting() and not any(first.compute_bitmask()):
+        if not first.is_accepting() and (first.is_stopped() or not self.can_start(first)):
             raise UserError(f"{spec.label}: it matches nothing (no token can start an answer)")
+
+    def can_start(self, matcher) -> bool:
+        """Whether some token other than the library's end token may come first."""
+        allowed = bits(matcher.compute_bitmask(), self.tokenizer.vocab_size)
+        allowed[self.tokenizer.eos_token] = False
+        return bool(allowed.any())
 
     def matcher(self):
         import llguidance
@@ -104,9 +111,12 @@ class Compiled:
 
 
 def one_line(message: str) -> str:
-    """The library's message, its first line without the grammar position ('at 1(8): ')."""
-    line = message.strip().splitlines()[0] if message.strip() else "refused"
-    return line.split(": ", 1)[1] if line.startswith("at ") and ": " in line else line
+    """The library's message as one line: its lines that say something (not the grammar's echo
+    and its '^' pointers), joined, without the grammar position ('at 1(8): ')."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    said = [line for line in lines if line and not set(line) <= set("^ ") and not re.match(r"\d+ \|", line)]
+    text = " ".join(said) or "refused"
+    return re.sub(r"^at \d+\(\d+\): ", "", text)
 
 
 class RowConstraints:
@@ -142,8 +152,11 @@ class RowConstraints:
         """tokens, chosen, candidate (B, K) host tensors, columns in position order (the block's
         masked positions first). For each constrained row: the frontier, then each next candidate
         while the rule chose it and its token is valid after its predecessors; an end token the
-        matcher may take there ends the row (the rest of its candidates take it, as filler).
-        Returns (tokens, chosen), new tensors; free rows are as given."""
+        matcher may take there ends the row (the rest of its candidates take it, as filler); after
+        the run, the tokens the grammar forces (llguidance's fast-forward: a schema's keys and
+        punctuation) take the next candidates, without asking the model. Returns (tokens, chosen), new tensors; free rows are as given."""
+        import torch
+
         began = time.perf_counter()
         tokens, chosen = tokens.clone(), chosen.clone()
         for b, m in enumerate(self.matchers):
@@ -170,6 +183,11 @@ class RowConstraints:
             elif n == 0:                                                    # a dead end (see restrict)
                 self.ended[b] = True
                 tokens[b, cols], chosen[b, cols] = self.stops[0], True
+            else:                                                           # jump forward: what the grammar forces
+                forced = m.compute_ff_tokens()[:len(cols) - n]
+                if forced and m.consume_tokens(forced):
+                    at = cols[n:n + len(forced)]
+                    tokens[b, at], chosen[b, at] = torch.tensor(forced), True
         self.seconds += time.perf_counter() - began
         return tokens, chosen
 
