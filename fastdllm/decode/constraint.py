@@ -18,12 +18,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UserError
+from ..errors import UsageError, UserError
 
 KINDS = ("json", "json_schema", "regex", "grammar")
 # one form of JSON (as json.dumps writes it): no free whitespace for a model to loop in
 JSON_FORM = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOKENIZERS: dict[int, tuple[Any, Any]] = {}     # id(hf tokenizer) -> (it, its llguidance tokenizer)
+
+
+class ConstraintError(UsageError):
+    """A schema, regex or grammar the library refuses (exit 2 in the CLI, HTTP 400 in serve)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class Spec:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise UserError(f"constraint kind {self.kind!r} is not one of {', '.join(KINDS)}")
+            raise ConstraintError(f"constraint kind {self.kind!r} is not one of {', '.join(KINDS)}")
 
     @property
     def label(self) -> str:
@@ -51,9 +55,9 @@ class Spec:
             try:
                 schema = json.loads(self.source) if isinstance(self.source, str) else self.source
             except json.JSONDecodeError as e:
-                raise UserError(f"JSON Schema: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+                raise ConstraintError(f"JSON Schema: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
             if not isinstance(schema, (dict, bool)):
-                raise UserError(f"JSON Schema: expected an object, got {type(schema).__name__}")
+                raise ConstraintError(f"JSON Schema: expected an object, got {type(schema).__name__}")
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORM)
 
 
@@ -86,12 +90,12 @@ class Compiled:
         self.grammar = spec.grammar()
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar, self.tokenizer)
         if failed:
-            raise UserError(f"{spec.label}: {one_line(messages[0])}")
+            raise ConstraintError(f"{spec.label}: {one_line(messages[0])}")
         first = self.matcher()
         if first.is_error():
-            raise UserError(f"{spec.label}: {one_line(first.get_error())}")
+            raise ConstraintError(f"{spec.label}: {one_line(first.get_error())}")
         if not first.is_accepting() and (first.is_stopped() or not self.can_start(first)):
-            raise UserError(f"{spec.label}: it matches nothing (no token can start an answer)")
+            raise ConstraintError(f"{spec.label}: it matches nothing (no token can start an answer)")
 
     def can_start(self, matcher) -> bool:
         """Whether some token other than the library's end token may come first."""

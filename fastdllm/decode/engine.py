@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..errors import UserError
+from ..errors import UsageError, UserError
 from ..models.kv_cache import Slots
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
@@ -237,7 +237,7 @@ def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -
                           (cfg.prophet, "prophet", "it commits every remaining mask at once"),
                           (cfg.edit_threshold is not None, "edit_threshold", "it overwrites committed tokens")):
         if on:
-            raise UserError(f"structured output: not combined with {name} ({why}; docs/structured-output.md)")
+            raise UsageError(f"structured output: not combined with {name} ({why}; docs/structured-output.md)")
     return True
 
 
