@@ -83,7 +83,7 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
     async def answer(request: Request, prepared: Prepared, shape: Shape):
         updates = Updates(request)
         job = Job(shape.new_id(), prepared.prompt, prepared.cfg, updates.deliver, stop=prepared.stop,
-                  steps=prepared.steps, suffix=prepared.suffix)
+                  steps=prepared.steps, suffix=prepared.suffix, constraint=prepared.constraint)
         try:
             scheduler.submit(job)
         except QueueFull:

@@ -11,6 +11,7 @@ from ..decode import profiles
 from ..decode.canvas import block_end
 from ..decode.config import DecodeConfig
 from ..errors import UserError
+from .formats import EXTENSION_KEYS, constraint_of
 from .requests import (
     OFF_VALUES,
     ApiError,
@@ -39,7 +40,7 @@ def prepare_chat(body: Any, server: Server) -> Prepared:
             ids = lm.encode_messages(messages)
         except TemplateError as e:
             raise ApiError(400, f"messages: the chat template refused them: {e}", param="messages") from None
-        return prepare(req, server, ids, chat_limit(req), "messages")
+        return prepare(req, server, ids, chat_limit(req), "messages", response_format=req.response_format)
     # as `fastdllm chat` does for such models: a plain 'User: / Assistant:' transcript
     system = "\n".join(m["content"] for m in messages if m["role"] == "system") or None
     turns = [m for m in messages if m["role"] != "system"]
@@ -47,7 +48,8 @@ def prepare_chat(body: Any, server: Server) -> Prepared:
         raise ApiError(400, f"messages: {server.model_name} has no chat template; the last message must be "
                             "from the user", param="messages")
     ids = lm.encode(plain_transcript(system, turns[:-1], turns[-1]["content"]), chat=False)
-    return prepare(req, server, ids, chat_limit(req), "messages", extra_stop=(PLAIN_TURN,))
+    return prepare(req, server, ids, chat_limit(req), "messages", extra_stop=(PLAIN_TURN,),
+                   response_format=req.response_format)
 
 
 def chat_limit(req: ChatRequest) -> int | None:
@@ -115,7 +117,7 @@ def token_ids(ids: list[int], lm) -> list[int]:
 
 
 def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int | None, prompt_param: str,
-            extra_stop: tuple[str, ...] = (), suffix: list[int] | None = None) -> Prepared:
+            extra_stop: tuple[str, ...] = (), suffix: list[int] | None = None, response_format: Any = None) -> Prepared:
     if req.model != server.model_name:
         raise ApiError(404, f"model '{req.model}' not found (this server serves '{server.model_name}')",
                        param="model", code="model_not_found")
@@ -130,10 +132,16 @@ def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int 
         raise ApiError(400, f"max_tokens: must be at least 1 (got {max_tokens})", param="max_tokens")
     if not ids and suffix is None:
         raise ApiError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
+    stop = stop_strings(req.stop)
+    constraint = constraint_of(response_format, req.fastdllm, server, stop)
+    if constraint is not None and suffix is not None:
+        raise ApiError(400, "suffix: not combined with structured output (the text after a hole is not part of the "
+                            "sentence)", param="suffix")
+    extra_stop = () if constraint is not None else extra_stop     # the sentence ends the answer
     cfg, profile, steps, wanted = decode_config(req, server, max_tokens, len(ids), prompt_param, len(suffix or ()))
-    return Prepared(ids, cfg, wanted, profile, stop_strings(req.stop) + extra_stop, steps,
+    return Prepared(ids, cfg, wanted, profile, stop + extra_stop, steps,
                     bool(req.stream), bool(req.stream and req.stream_options and req.stream_options.include_usage),
-                    plain_chat=bool(extra_stop), suffix=suffix)
+                    plain_chat=bool(extra_stop), suffix=suffix, constraint=constraint)
 
 
 def same(value: Any, off: Any) -> bool:
@@ -154,7 +162,7 @@ def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, pr
     """The request's DecodeConfig, validated by the CLI's code: the server's profile and flags (or the
     request's profile re-resolved under the server's flags), then the `fastdllm` object, then the
     top-level temperature and seed. Returns (config, profile name, stream steps?, max_tokens)."""
-    settings = dict(req.fastdllm or {})
+    settings = {k: v for k, v in (req.fastdllm or {}).items() if k not in EXTENSION_KEYS}   # formats.py's
     name = settings.pop("profile", None) or server.profile_name
     steps = settings.get("steps")
     if isinstance(steps, bool):                     # a boolean asks for the step stream; an int is --steps

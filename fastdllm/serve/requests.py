@@ -72,7 +72,7 @@ class CompletionRequest(CommonRequest):
 # field -> the values that mean the feature is off
 OFF_VALUES = {"top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
-              "tools": (None, []), "response_format": (None, {"type": "text"}), "echo": (None, False),
+              "tools": (None, []), "echo": (None, False),
               "best_of": (None, 1)}
 
 
@@ -101,6 +101,7 @@ class Prepared:
     include_usage: bool = False
     plain_chat: bool = False        # no chat template: the answer is cut and stripped as in `fastdllm chat`
     suffix: list[int] | None = None  # infilling: the answer is decoded between prompt and suffix
+    constraint: Any = None          # structured output: decode.constraint.Compiled, or None
 
     def info(self) -> dict:
         """The `fastdllm` object of a response: what was decoded for this request."""
