@@ -1,5 +1,6 @@
 """`generate` and `chat` with --json-schema, --regex, --grammar on the built-in model: the answer
-validates; a bad constraint or two at once exits 2 with one line; a length cut says so."""
+validates; a bad constraint or two at once exits 2 with one line; a length cut says so (the slow lane
+runs the regex, grammar and length cases, which the engine's tests cover in the fast lane)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_generate_answers_valid_json_under_a_schema(tmp_path):
     assert record["complete"] is True and record["finish_reason"] == "stop" and record["matcher_s"] > 0
 
 
+@pytest.mark.slow
 def test_generate_and_chat_answer_a_regex_and_a_grammar(tmp_path):
     grammar = tmp_path / "yes.lark"
     grammar.write_text('start: ("yes" | "no") " " NUMBER\nNUMBER: /[1-9][0-9]?/\n')
@@ -56,6 +58,7 @@ def test_a_bad_constraint_exits_2_with_one_line(args, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_an_answer_cut_by_its_length_says_so(tmp_path):
     path = tmp_path / "long.json"
     path.write_text(json.dumps({"type": "string", "minLength": 300}))
