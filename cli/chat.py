@@ -115,7 +115,7 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool, cons
         say(f"(dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the context of "
             f"{lm.context_length} tokens)", "yellow")
     header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe(cfg)}"
-    view = live_view(lm, ids, cfg, header) if live else None
+    view = live_view(lm, ids, cfg, header, constrained=constraint is not None) if live else None
     with view or nullcontext(), keys_not_echoed():
         result = run(lm.decoder, [ids], cfg, on_event=view.update if view else None,
                      constraints=[constraint] if constraint else None)

@@ -61,7 +61,7 @@ def generate(
     constraint = compile_for(spec, lm)
     header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}" + \
         (f" · {spec.label}" if spec else "")
-    view = live_view(lm, ids, cfg, header) if live else None
+    view = live_view(lm, ids, cfg, header, constrained=spec is not None) if live else None
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)
     sink = view or streamer                        # None with --json: only the result is printed
     with view or nullcontext(), keys_not_echoed():

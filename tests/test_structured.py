@@ -204,3 +204,29 @@ def test_more_families_and_the_builtin_model_answer_valid_sentences(family, tmp_
                 assert r.complete == [True] and ok(r.texts[0]), (cache, rule, kind, r.texts[0])
     print(f"{family}: {valid}/{total} answers valid")
     assert valid == total == 18
+
+
+def test_the_live_view_draws_the_frontier_apart():
+    """A constrained run's live canvas marks its first masked position (where the grammar is checked
+    next); an unconstrained one draws every mask alike."""
+    from io import StringIO
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from fastdllm.decode.events import StepEvent
+    from fastdllm.terminal.view import FRONTIER_STYLE, MASK_GLYPH, LiveCanvas
+
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: f"<{ids[0]}>")
+    step = StepEvent(block=0, step=0, nfe=1, span=(0, 4), positions=torch.tensor([[0, 1, 2, 3]]),
+                     tokens=torch.tensor([[7, 8, 9, 9]]), confidences=torch.full((1, 4), 0.9),
+                     committed=torch.tensor([[True, False, False, False]]))
+    styles = {}
+    for constrained in (True, False):
+        view = LiveCanvas(Console(file=StringIO(), width=80), tokenizer, "h", gen_len=4, block_len=4, stops=(0,),
+                          constrained=constrained)
+        view.update(step)
+        body = view.render().renderables[1]
+        styles[constrained] = [str(s.style) for s in body.spans if body.plain[s.start:s.end] == MASK_GLYPH]
+    assert styles[True][0] == FRONTIER_STYLE and FRONTIER_STYLE not in styles[True][1:] and len(styles[True]) == 3
+    assert FRONTIER_STYLE not in styles[False] and len(styles[False]) == 3
