@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -12,6 +13,7 @@ import typer
 from fastdllm.decode.rules import describe
 from fastdllm.errors import UserError
 
+from .constraint_flags import CONSTRAINT_FLAGS, compile_for, finish_note, spec_from
 from .model import prepare
 from .options import RunOptions, generation_options
 from .terminal import err_console, is_terminal, keys_not_echoed, live_view
@@ -31,12 +33,17 @@ def say(text: str, style: str | None = None) -> None:
 def chat(
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the conversation.")] = None,
     think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="The chat template's thinking mode, where it has one (Gemma-4: enable_thinking; default: the template's, off); thoughts are not shown.")] = None,
+    json_schema: Annotated[Optional[Path], CONSTRAINT_FLAGS["json_schema"][1]] = None,
+    regex: Annotated[Optional[str], CONSTRAINT_FLAGS["regex"][1]] = None,
+    grammar: Annotated[Optional[Path], CONSTRAINT_FLAGS["grammar"][1]] = None,
     *, opts: RunOptions,
 ):
     """Chat with a model, turn by turn (/? lists the commands; piped lines are messages, for scripts)."""
     from fastdllm.terminal.chat import Session, is_command, read_message
 
+    spec = spec_from(json_schema, regex, grammar)
     lm, profile, cfg = prepare(opts)
+    constraint = compile_for(spec, lm)             # every answer of the session follows it
     if think is not None and not lm.has_chat_template:
         raise UserError(f"--think/--no-think switch the chat template's thinking: {lm.path.name} has no chat template")
     session = Session(cfg, profile, flags={k: v for k, v in opts.decode.items() if v is not None},
@@ -66,7 +73,7 @@ def chat(
             say(str(e), "red")
             continue
         try:
-            if text.strip() and not handle(lm, session, text, command, live):
+            if text.strip() and not handle(lm, session, text, command, live, constraint):
                 return
         except UserError as e:                             # one line; nothing in the session changed
             say(str(e), "red")
@@ -74,24 +81,25 @@ def chat(
             say("stopped: answer discarded, conversation unchanged", "yellow")
 
 
-def handle(lm, session, text: str, command: bool, live: bool) -> bool:
+def handle(lm, session, text: str, command: bool, live: bool, constraint=None) -> bool:
     """One input, a message or a slash command; False when the session ends."""
     from fastdllm.terminal.chat import regen_target, run_command
 
     if not command:
-        answer(lm, session, session.messages, text, session.cfg, live)
+        answer(lm, session, session.messages, text, session.cfg, live, constraint)
         return True
     reply = run_command(session, text)
     if reply.text:
         say(reply.text)
     if reply.action == "regen":
         history, message = regen_target(session.messages)
-        answer(lm, session, history, message, session.regen_config(), live)
+        answer(lm, session, history, message, session.regen_config(), live, constraint)
     return reply.action != "exit"
 
 
-def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> None:
-    """Decode an answer to `message` after `history`; print it; record the turn in `session`."""
+def answer(lm, session, history: list[dict], message: str, cfg, live: bool, constraint=None) -> None:
+    """Decode an answer to `message` after `history` (under `constraint`, constraint.Compiled, if
+    given); print it; record the turn in `session`."""
     from fastdllm.checkpoints.plain_chat import cut_plain_answer, plain_transcript
     from fastdllm.decode.engine import run
     from fastdllm.terminal.chat import fit_history
@@ -107,12 +115,15 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool) -> N
         say(f"(dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the context of "
             f"{lm.context_length} tokens)", "yellow")
     header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe(cfg)}"
-    view = live_view(lm, ids, cfg, header) if live else None
+    view = live_view(lm, ids, cfg, header, constrained=constraint is not None) if live else None
     with view or nullcontext(), keys_not_echoed():
-        result = run(lm.decoder, [ids], cfg, on_event=view.update if view else None)
-    text = result.texts[0] if lm.has_chat_template else cut_plain_answer(result.texts[0])
+        result = run(lm.decoder, [ids], cfg, on_event=view.update if view else None,
+                     constraints=[constraint] if constraint else None)
+    text = result.texts[0] if lm.has_chat_template or constraint else cut_plain_answer(result.texts[0])
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+    if note := finish_note(result):
+        say(note, "yellow")
     say(stats_line(result), "dim")
     session.record(history, message, text, result)
 

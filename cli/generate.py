@@ -10,6 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from fastdllm.errors import UsageError
+
+from .constraint_flags import CONSTRAINT_FLAGS, compile_for, finish_note, spec_from
 from .model import prepare
 from .options import RunOptions, generation_options
 from .terminal import err_console, is_terminal, keys_not_echoed, live_view
@@ -32,6 +35,9 @@ def generate(
     suffix_file: Annotated[Optional[Path], typer.Option("--suffix-file", help="Infilling: read the suffix from a file.", rich_help_panel="Infilling")] = None,
     infill_file: Annotated[Optional[Path], typer.Option("--infill", help="Infilling: a template file ('-': stdin) with holes <|mask:N|> (N tokens) or <|mask|> (-n tokens); prints the completed text.", rich_help_panel="Infilling")] = None,
     trim: Annotated[bool, typer.Option("--infill-trim/--no-infill-trim", help="Cut each hole at its first end-of-text token (the padding of a hole longer than its fill).", rich_help_panel="Infilling")] = True,
+    json_schema: Annotated[Optional[Path], CONSTRAINT_FLAGS["json_schema"][1]] = None,
+    regex: Annotated[Optional[str], CONSTRAINT_FLAGS["regex"][1]] = None,
+    grammar: Annotated[Optional[Path], CONSTRAINT_FLAGS["grammar"][1]] = None,
     *, opts: RunOptions,
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
@@ -40,7 +46,11 @@ def generate(
     from fastdllm.terminal.view import BlockStreamer, stats_block, stats_line
 
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
+    spec = spec_from(json_schema, regex, grammar)
     if infill_file is not None or suffix is not None or suffix_file is not None:
+        if spec is not None:
+            raise UsageError("structured output: not combined with infilling (the text after a hole is not part "
+                             "of the sentence; docs/structured-output.md)")
         from .infill import infill
 
         return infill(opts, prompt, file, suffix, suffix_file, infill_file, chat=chat, trim=trim, json_out=json_out,
@@ -48,13 +58,19 @@ def generate(
     text = read_prompt(prompt, file)
     lm, profile, cfg = prepare(opts)
     ids = lm.encode(text, chat=chat, thinking=think)
-    header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}"
-    view = live_view(lm, ids, cfg, header) if live else None
+    constraint = compile_for(spec, lm)
+    header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}" + \
+        (f" · {spec.label}" if spec else "")
+    view = live_view(lm, ids, cfg, header, constrained=spec is not None) if live else None
     streamer = None if (json_out or live) else BlockStreamer(sys.stdout, lm.tokenizer, lm.specials.stops)
     sink = view or streamer                        # None with --json: only the result is printed
     with view or nullcontext(), keys_not_echoed():
-        result = run(lm.decoder, [ids], cfg, on_event=sink.update if sink else None)
+        result = run(lm.decoder, [ids], cfg, on_event=sink.update if sink else None,
+                     constraints=[constraint] if constraint else None)
+    note = finish_note(result)                     # a constrained answer the length cut
     if json_out:
+        if note:
+            err_console.print(note, style="yellow")
         record = dict(result.to_dict(), profile=profile.name, model=lm.info)
         record["timings"] = {"load_s": lm.info["load_seconds"], **record["timings"]}
         sys.stdout.write(json.dumps(record) + "\n")
@@ -64,6 +80,8 @@ def generate(
     else:
         sys.stdout.write(result.texts[0] + "\n")
         sys.stdout.flush()
+    if note:
+        err_console.print(note, style="yellow")
     if verbose:
         err_console.print(stats_block(result, lm.info, view.overhead if view else None), style="dim")
     elif not quiet:

@@ -14,13 +14,15 @@ err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True
 out_console = Console(highlight=False, markup=False, soft_wrap=True)
 
 
-def live_view(lm, prompt_ids: list[int], cfg, header: str):
-    """The live canvas of one answer on stderr, shaped like the run (canvas.geometry)."""
+def live_view(lm, prompt_ids: list[int], cfg, header: str, constrained: bool = False):
+    """The live canvas of one answer on stderr, shaped like the run (canvas.geometry); constrained:
+    structured output (its frontier drawn apart)."""
     from fastdllm.decode.canvas import geometry
     from fastdllm.terminal.view import LiveCanvas
 
     width, offset = geometry(len(prompt_ids), cfg, lm.model.attention.kind == "block-causal")
-    return LiveCanvas(err_console, lm.tokenizer, header, width, cfg.block_len, lm.specials.stops, offset=offset)
+    return LiveCanvas(err_console, lm.tokenizer, header, width, cfg.block_len, lm.specials.stops, offset=offset,
+                      constrained=constrained)
 
 
 def print_columns(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> None:

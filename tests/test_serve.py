@@ -199,7 +199,7 @@ BAD = [  # (path, body: dict or raw bytes, status, words the one-line message mu
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "max_tokens": 64,
                       "fastdllm": {"rule": "fixed", "steps": 7}}, 400, "divisible"),
     ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": "fast"}, 400, "fastdllm"),
-    ("/chat/completions", {"model": "tiny-code", "messages": [{"role": "tool", "content": "x"}]}, 400, "role"),
+    ("/chat/completions", {"model": "tiny-code", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     ("/chat/completions", {"model": "tiny-code", "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "text parts"),
     ("/chat/completions", {"model": "tiny-code", "messages": []}, 400, "messages"),

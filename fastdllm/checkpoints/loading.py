@@ -78,10 +78,12 @@ class LoadedModel:
         messages.append({"role": "user", "content": prompt})
         return self.encode_messages(messages, thinking)
 
-    def encode_messages(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    def encode_messages(self, messages: list[dict], thinking: bool | None = None,
+                        tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation ({"role", "content"} dicts) in the chat template, ready for the
-        assistant's answer; the template writes the special tokens, so the tokenizer adds none."""
-        switch = {} if thinking is None else {"enable_thinking": thinking}
+        assistant's answer; the template writes the special tokens, so the tokenizer adds none.
+        `tools`: OpenAI tool dicts, rendered by the template (serve/tools.py)."""
+        switch = ({} if thinking is None else {"enable_thinking": thinking}) | ({"tools": tools} if tools else {})
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
         if thinking and text == self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False):
             text += thought_prefill(self.thought, self.tokenizer)       # the switch alone changes nothing

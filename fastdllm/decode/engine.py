@@ -21,11 +21,12 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..errors import UserError
+from ..errors import UsageError, UserError
 from ..models.kv_cache import Slots
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
 from .config import DecodeConfig
+from .constraint import Compiled, RowConstraints
 from .credit import CreditTrace
 from .decoder import Decoder
 from .device_step import DeviceStep
@@ -48,21 +49,27 @@ from .suffix_dropout import SuffixDropout
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
-             gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None) -> Iterator[Event]:
+             gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None,
+             constraints: list[Compiled | None] | None = None) -> Iterator[Event]:
     """Decode `prompts` (token id lists of any lengths, one batch) under `cfg`; `gen_lens`: each
     row's own length (whole blocks, at most cfg.gen_len; default cfg.gen_len for every row).
-    Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded."""
-    batch = stepper(decoder, prompts, cfg, gen_lens, holes)
+    Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded.
+    `constraints`: per row, its structured-output constraint or None (constraint.py)."""
+    batch = stepper(decoder, prompts, cfg, gen_lens, holes, constraints=constraints)
     yield from batch.events()
     yield batch.result()
 
 
 def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens: list[int] | None = None,
-            holes: list[tuple[int, int]] | None = None, generators: list[torch.Generator] | None = None):
+            holes: list[tuple[int, int]] | None = None, generators: list[torch.Generator] | None = None,
+            constraints: list[Compiled | None] | None = None):
     """The stepper of this model's decoder, with the same events and result: the mask loop (Batch),
     or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
     if getattr(decoder.model, "sampler", "mask") != "renoise":
-        return Batch(decoder, prompts, cfg, gen_lens, holes)
+        return Batch(decoder, prompts, cfg, gen_lens, holes, constraints)
+    if constraints and any(constraints):
+        raise UserError(f"structured output: {decoder.name} rewrites every position every step, so no prefix "
+                        f"stays for a grammar to check (use a mask-decoding model)")
     if cfg.credit:
         raise UserError(f"credit accumulates over a masked block's steps; {decoder.name} resamples whole canvases")
     if CACHE_MODES[cfg.cache].delayed:
@@ -86,8 +93,12 @@ class Batch:
     of their lengths, plan the next batch)."""
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
-                 gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None):
+                 gen_lens: list[int] | None = None, holes: list[tuple[int, int]] | None = None,
+                 constraints: list[Compiled | None] | None = None):
         model, specials = decoder.model, decoder.specials
+        # constraint.py: the rows' grammar matchers, met at each row's frontier (None: no row has one)
+        self.constraint = (RowConstraints(constraints, specials.stops)
+                           if constraints and refuse_constrained(cfg, holes, constraints, len(prompts)) else None)
         if RULES[cfg.rule].renoise:
             raise UserError(f"rule {cfg.rule} belongs to renoising samplers; {decoder.name} commits masked positions")
         self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
@@ -139,12 +150,13 @@ class Batch:
         def store(s: int, e: int, block: int) -> StepEvent:
             """A block-causal store pass over the finished span [s, e), as a step (step -1) of `block`."""
             with torch.inference_mode():
-                at, tokens, chosen = complete_block(self.forward, self.decoder.model, host, s, e, specials.mask)
+                at, tokens, chosen = complete_block(self.forward, self.decoder.model, host, s, e, specials.mask,
+                                                    self.constraint)
             self.nfe, self.committed = self.nfe + 1, self.committed + int(chosen.sum())
             return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
 
         stopped, fast = False, self.forward.device_step and DeviceStep.applies(cfg, causal) \
-            and not (cfg.credit or cfg.prophet)                         # credit.py, prophet.py: host path only
+            and not (cfg.credit or cfg.prophet or self.constraint)      # credit, prophet, constraint: host path
         if canvas.prefill:                                              # the blocks before the first decoded one
             yield store(0, canvas.prefill, 0)
         for block, (s, e) in enumerate(canvas.blocks):
@@ -175,7 +187,7 @@ class Batch:
                     with torch.inference_mode():
                         positions, tokens, conf, chosen, edited = decode_step(
                             self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
-                            self.credit, check)
+                            self.credit, check, self.constraint)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
                 host.scatter_(1, positions, torch.where(wrote, tokens, host.gather(1, positions)))
                 rows.end(wrote, edited)
@@ -209,7 +221,24 @@ class Batch:
         else:
             holes = None
             answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
-        return finish_result(self, answers, region, holes=holes)
+        result = finish_result(self, answers, region, holes=holes)
+        if self.constraint is not None:
+            result.complete, result.matcher_seconds = self.constraint.complete(answers), self.constraint.seconds
+        return result
+
+
+def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -> bool:
+    """Whether any row is constrained; UserError (one line) for what cannot honour a constraint."""
+    if len(constraints) != rows:
+        raise ValueError(f"{len(constraints)} constraints for {rows} rows")
+    if not any(c is not None for c in constraints):
+        return False
+    for on, name, why in ((holes is not None, "infilling", "the text after a hole is not part of the sentence"),
+                          (cfg.prophet, "prophet", "it commits every remaining mask at once"),
+                          (cfg.edit_threshold is not None, "edit_threshold", "it overwrites committed tokens")):
+        if on:
+            raise UsageError(f"structured output: not combined with {name} ({why}; docs/structured-output.md)")
+    return True
 
 
 def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]], cfg: DecodeConfig):
@@ -221,9 +250,9 @@ def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]]
 
 def run(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
         on_event: Callable[[StepEvent | BlockEvent], None] | None = None,
-        holes: list[tuple[int, int]] | None = None) -> Result:
+        holes: list[tuple[int, int]] | None = None, constraints: list[Compiled | None] | None = None) -> Result:
     """Drain `generate`, passing step and block events to `on_event`; return the Result."""
-    for event in generate(decoder, prompts, cfg, holes=holes):
+    for event in generate(decoder, prompts, cfg, holes=holes, constraints=constraints):
         if isinstance(event, Result):
             return event
         if on_event is not None:

@@ -61,6 +61,9 @@ class Result:
     batch: int = field(default=1)
     holes: list[list[list[int]]] | None = None   # infilling: per row, each hole's tokens as decoded
     steps: list[list[int]] | None = None          # renoising samplers: per row, the steps of each canvas
+    complete: list[bool | None] | None = None     # structured output: per row, whether its answer is a
+                                                  # whole sentence of its constraint (None: a free row)
+    matcher_seconds: float = 0.0                  # structured output: time in the grammar matcher
 
     @property
     def generated_tokens(self) -> int:
@@ -69,6 +72,12 @@ class Result:
     @property
     def tokens_per_forward(self) -> float:
         return self.committed / max(self.nfe * self.batch, 1)
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        """Per row: "stop" (the answer ended, or is a whole sentence of its constraint) or "length"
+        (a constrained answer the length cut before its constraint was complete)."""
+        return ["length" if c is False else "stop" for c in (self.complete or [None] * len(self.ids))]
 
     @property
     def tokens_per_second(self) -> float:
@@ -88,6 +97,9 @@ class Result:
             "cache_bytes": self.cache_bytes, "early_stopped": self.early_stopped,
             "blocks_decoded": self.blocks_decoded, "edits": self.edits, "config": self.config.to_dict(),
             **({"steps_per_canvas": self.steps[0] if one else self.steps} if self.steps is not None else {}),
+            **({"complete": self.complete[0] if one else self.complete,
+                "finish_reason": self.finish_reasons[0] if one else self.finish_reasons,
+                "matcher_s": round(self.matcher_seconds, 4)} if self.complete is not None else {}),
         }
 
 

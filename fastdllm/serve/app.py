@@ -21,7 +21,7 @@ from .jobs import Failed, Finished, Job, QueueFull, ShuttingDown, StepUpdate, Te
 from .metrics import CONTENT_TYPE
 from .protocol import prepare_chat, prepare_completion
 from .requests import ApiError, Prepared, Server, one_line
-from .responses import CHAT, COMPLETION, Shape, TrimmedText
+from .responses import CHAT, COMPLETION, Shape, TrimmedText, answer_calls, parses_calls
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
              "/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/version")
@@ -85,7 +85,7 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
     def start(request: Request, prepared: Prepared, job_id: str) -> tuple[Job, Updates]:
         updates = Updates(request)
         job = Job(job_id, prepared.prompt, prepared.cfg, updates.deliver, stop=prepared.stop,
-                  steps=prepared.steps, suffix=prepared.suffix)
+                  steps=prepared.steps, suffix=prepared.suffix, constraint=prepared.constraint)
         try:
             scheduler.submit(job)
         except QueueFull:
@@ -127,6 +127,7 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
         `updates`), and the job is cancelled in `finally`."""
         trimmed = TrimmedText() if prepared.plain_chat else None
         chunk = shape.chunker(job.id, server.model_name, prepared)
+        calls = shape.chat and parses_calls(prepared)
         try:
             yield sse(chunk.first())
             while (update := await updates.next()) is not None:
@@ -134,14 +135,21 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
                     yield sse(chunk.step(update))
                 elif isinstance(update, TextUpdate):
                     text = trimmed.feed(update.text) if trimmed else update.text
-                    if text:
+                    if text and not calls:                  # with tools: held until the answer is whole
                         yield sse(chunk.text(text))
                 elif isinstance(update, Failed):
                     yield sse(failure(update).body())
                     yield "data: [DONE]\n\n"
                     return
                 else:
-                    yield sse(chunk.last(update.finish_reason))
+                    finish = update.finish_reason
+                    if calls:                               # the whole answer: its calls, or its text
+                        content, found, finish = answer_calls(update.text, finish, prepared)
+                        if content:
+                            yield sse(chunk.text(content))
+                        if found:
+                            yield sse(chunk.calls(found))
+                    yield sse(chunk.last(finish))
                     if prepared.include_usage:
                         yield sse(chunk.usage(update))
                     yield "data: [DONE]\n\n"

@@ -58,6 +58,7 @@ class Job:
     stop: tuple[str, ...] = ()  # stop strings: the answer is cut before the first
     steps: bool = False         # also deliver a StepUpdate per forward
     suffix: list[int] | None = None   # infilling: the answer fills cfg.gen_len masks before these tokens
+    constraint: object = None         # structured output: decode.constraint.Compiled (decoded alone)
     submitted: float = field(default=0.0)   # time.perf_counter() at submit (set by the scheduler)
 
 

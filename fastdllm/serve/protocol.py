@@ -11,6 +11,8 @@ from ..decode import profiles
 from ..decode.canvas import block_end
 from ..decode.config import DecodeConfig
 from ..errors import UserError
+from .formats import EXTENSION_KEYS, constraint_of
+from .tools import template_messages, tools_of
 from .requests import (
     OFF_VALUES,
     ApiError,
@@ -27,19 +29,24 @@ PLAIN_TURN = "\nUser:"      # without a chat template the answer ends where the 
 
 def prepare_chat(body: Any, server: Server) -> Prepared:
     req = validated(ChatRequest, body)
-    messages = [{"role": m.role, "content": text_of(m.content, f"messages.{i}.content")}
-                for i, m in enumerate(req.messages)]
+    messages = [message_of(m, i) for i, m in enumerate(req.messages)]
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     lm = server.lm
+    tools = tools_of(req.tools, req.tool_choice, getattr(lm.tokenizer, "chat_template", None))
+    if tools is not None and req.response_format not in (None, {"type": "text"}):
+        raise ApiError(400, "response_format: not combined with tools (a call's arguments follow its parameters)",
+                       param="response_format")
     if lm.has_chat_template:
         from jinja2 import TemplateError
 
         try:
-            ids = lm.encode_messages(messages)
+            ids = lm.encode_messages(template_messages(messages), tools=tools.for_template() if tools else None)
         except TemplateError as e:
             raise ApiError(400, f"messages: the chat template refused them: {e}", param="messages") from None
-        return prepare(req, server, ids, chat_limit(req), "messages")
+        call = tools.grammar(lm.tokenizer) if tools else None           # required / named: one call, its arguments checked
+        return prepare(req, server, ids, chat_limit(req), "messages", tools=tools,
+                       response_format=req.response_format, grammar=call)
     # as `fastdllm chat` does for such models: a plain 'User: / Assistant:' transcript
     system = "\n".join(m["content"] for m in messages if m["role"] == "system") or None
     turns = [m for m in messages if m["role"] != "system"]
@@ -47,7 +54,22 @@ def prepare_chat(body: Any, server: Server) -> Prepared:
         raise ApiError(400, f"messages: {server.model_name} has no chat template; the last message must be "
                             "from the user", param="messages")
     ids = lm.encode(plain_transcript(system, turns[:-1], turns[-1]["content"]), chat=False)
-    return prepare(req, server, ids, chat_limit(req), "messages", extra_stop=(PLAIN_TURN,))
+    return prepare(req, server, ids, chat_limit(req), "messages", extra_stop=(PLAIN_TURN,),
+                   response_format=req.response_format)
+
+
+def message_of(m, i: int) -> dict:
+    """A request message as the chat template reads it (content text; an assistant's tool calls; a
+    tool result's call id)."""
+    out = {"role": m.role, "content": "" if m.content is None and (m.tool_calls or m.role == "tool")
+           else text_of(m.content, f"messages.{i}.content")}
+    if m.tool_calls is not None:
+        if m.role != "assistant" or not isinstance(m.tool_calls, list):
+            raise ApiError(400, f"messages.{i}.tool_calls: only an assistant's, as a list", param=f"messages.{i}")
+        out["tool_calls"] = m.tool_calls
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
 
 
 def chat_limit(req: ChatRequest) -> int | None:
@@ -115,7 +137,8 @@ def token_ids(ids: list[int], lm) -> list[int]:
 
 
 def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int | None, prompt_param: str,
-            extra_stop: tuple[str, ...] = (), suffix: list[int] | None = None) -> Prepared:
+            extra_stop: tuple[str, ...] = (), suffix: list[int] | None = None, response_format: Any = None,
+            tools: Any = None, grammar: str | None = None) -> Prepared:
     if req.model != server.model_name:
         raise ApiError(404, f"model '{req.model}' not found (this server serves '{server.model_name}')",
                        param="model", code="model_not_found")
@@ -130,10 +153,19 @@ def prepare(req: CommonRequest, server: Server, ids: list[int], max_tokens: int 
         raise ApiError(400, f"max_tokens: must be at least 1 (got {max_tokens})", param="max_tokens")
     if not ids and suffix is None:
         raise ApiError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
+    stop = stop_strings(req.stop)
+    extension = req.fastdllm if grammar is None else {**(req.fastdllm or {}), "grammar": grammar}
+    if grammar is not None and any((req.fastdllm or {}).get(k) is not None for k in EXTENSION_KEYS):
+        raise ApiError(400, "tool_choice: not combined with fastdllm.regex or fastdllm.grammar", param="tool_choice")
+    constraint = constraint_of(response_format, extension, server, stop)
+    if constraint is not None and suffix is not None:
+        raise ApiError(400, "suffix: not combined with structured output (the text after a hole is not part of the "
+                            "sentence)", param="suffix")
+    extra_stop = () if constraint is not None else extra_stop     # the sentence ends the answer
     cfg, profile, steps, wanted = decode_config(req, server, max_tokens, len(ids), prompt_param, len(suffix or ()))
-    return Prepared(ids, cfg, wanted, profile, stop_strings(req.stop) + extra_stop, steps,
+    return Prepared(ids, cfg, wanted, profile, stop + extra_stop, steps,
                     bool(req.stream), bool(req.stream and req.stream_options and req.stream_options.include_usage),
-                    plain_chat=bool(extra_stop), suffix=suffix)
+                    plain_chat=bool(extra_stop), suffix=suffix, constraint=constraint, tools=tools)
 
 
 def same(value: Any, off: Any) -> bool:
@@ -154,7 +186,7 @@ def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, pr
     """The request's DecodeConfig, validated by the CLI's code: the server's profile and flags (or the
     request's profile re-resolved under the server's flags), then the `fastdllm` object, then the
     top-level temperature and seed. Returns (config, profile name, stream steps?, max_tokens)."""
-    settings = dict(req.fastdllm or {})
+    settings = {k: v for k, v in (req.fastdllm or {}).items() if k not in EXTENSION_KEYS}   # formats.py's
     name = settings.pop("profile", None) or server.profile_name
     steps = settings.get("steps")
     if isinstance(steps, bool):                     # a boolean asks for the step stream; an int is --steps

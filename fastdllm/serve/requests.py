@@ -32,8 +32,10 @@ class StreamOptions(Lenient):
 
 
 class Message(Lenient):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: Any = None                             # a string or a list of text parts (checked below)
+    tool_calls: Any = None                          # an assistant's calls (serve/tools.py)
+    tool_call_id: str | None = None                 # a tool result's call
 
 
 class CommonRequest(Lenient):
@@ -59,6 +61,7 @@ class ChatRequest(CommonRequest):
     max_completion_tokens: int | None = None
     top_logprobs: Any = None
     tools: Any = None
+    tool_choice: Any = None
     response_format: Any = None
 
 
@@ -72,7 +75,7 @@ class CompletionRequest(CommonRequest):
 # field -> the values that mean the feature is off
 OFF_VALUES = {"top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
-              "tools": (None, []), "response_format": (None, {"type": "text"}), "echo": (None, False),
+              "echo": (None, False),
               "best_of": (None, 1)}
 
 
@@ -102,6 +105,8 @@ class Prepared:
     include_usage: bool = False
     plain_chat: bool = False        # no chat template: the answer is cut and stripped as in `fastdllm chat`
     suffix: list[int] | None = None  # infilling: the answer is decoded between prompt and suffix
+    constraint: Any = None          # structured output: decode.constraint.Compiled, or None
+    tools: Any = None               # tool calls: serve/tools.Tools, or None
 
     def info(self) -> dict:
         """The `fastdllm` object of a response: what was decoded for this request."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..checkpoints.plain_chat import cut_plain_answer
 from .jobs import Finished, StepUpdate
 from .requests import Prepared
+from .tools import parse_calls
 
 
 def usage(f: Finished) -> dict:
@@ -36,10 +37,12 @@ class Shape:
 
     def whole(self, job_id: str, model: str, f: Finished, prepared: Prepared) -> dict:
         text = cut_plain_answer(f.text) if prepared.plain_chat else f.text
-        choice = ({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+        content, calls, finish = answer_calls(text, f.finish_reason, prepared)
+        choice = ({"message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
+                  if self.chat else {"text": text})
         return {"id": job_id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": f.finish_reason}],
+                "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finish}],
                 "usage": usage(f), "fastdllm": details(f, prepared)}
 
     def chunker(self, job_id: str, model: str, prepared: Prepared) -> "Chunker":
@@ -47,6 +50,20 @@ class Shape:
 
 
 CHAT, COMPLETION = Shape(chat=True), Shape(chat=False)
+
+
+def parses_calls(prepared: Prepared) -> bool:
+    """The answer may hold tool calls to parse (tools given, tool_choice not 'none')."""
+    return prepared.tools is not None and prepared.tools.choice != "none"
+
+
+def answer_calls(text: str, finish: str, prepared: Prepared) -> tuple[str | None, list[dict], str]:
+    """(content, tool_calls, finish_reason) of an answer: its calls parsed where tools were given;
+    finish_reason "tool_calls" for a whole answer that holds some."""
+    if not parses_calls(prepared):
+        return text, [], finish
+    content, calls = parse_calls(text)
+    return content, calls, "tool_calls" if calls and finish == "stop" else finish
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,11 @@ class Chunker:
 
     def text(self, text: str) -> dict:
         return self._chunk([self._choice(text)])
+
+    def calls(self, calls: list[dict]) -> dict:
+        """The tool calls, whole, as OpenAI's deltas carry them (an index each)."""
+        deltas = [{"index": i, **c} for i, c in enumerate(calls)]
+        return self._chunk([{"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}])
 
     def last(self, finish_reason: str) -> dict:
         return self._chunk([self._choice(finish=finish_reason)])

@@ -30,8 +30,9 @@ def whole_answer(cfg: DecodeConfig) -> bool:
 
 def alone(job: Job) -> bool:
     """Decoded in a batch of its own: a sampled job (its seed reproduces its answer), an infilling
-    one (its canvas is its own: prompt, hole, suffix) and a whole-answer one."""
-    return sampled(job.cfg) or job.suffix is not None or whole_answer(job.cfg)
+    one (its canvas is its own: prompt, hole, suffix), a whole-answer one and a constrained one (its
+    grammar matcher lives with its one batch, so it never re-plans)."""
+    return sampled(job.cfg) or job.suffix is not None or whole_answer(job.cfg) or job.constraint is not None
 
 
 def batch_key(job: Job) -> tuple:
@@ -97,8 +98,11 @@ class Row:
         if suffix is None:
             for r in rows:                   # kept across batches; used by renoising models only
                 r.generator = r.generator or row_generator(self.decoder.device, r.job.cfg.seed)
+            constraints = [r.job.constraint for r in rows] if self.job.constraint is not None else None
+            if constraints and (len(rows) != 1 or self.decided):
+                raise RuntimeError("a constrained row is decoded alone, in one batch")
             return stepper(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows],
-                           generators=[r.generator for r in rows])
+                           generators=[r.generator for r in rows], constraints=constraints)
         if len(rows) != 1 or self.decided:
             raise RuntimeError("an infilling row is decoded alone, in one batch")
         n = len(self.job.prompt)
@@ -153,7 +157,10 @@ class Row:
         self._send(text, final=done)
         if done:
             self.finished = True
-            self._finish(text, ids, "stop" if ended or cut is not None else "length", metrics)
+            complete = ended or cut is not None
+            if self.job.constraint is not None:        # a constrained answer is complete only as a sentence
+                complete = self.job.constraint.accepts(ids)
+            self._finish(text, ids, "stop" if complete else "length", metrics)
 
     def _send(self, text: str, *, final: bool) -> None:
         """Deliver the text beyond what was sent. Until the end, hold back what may still turn out

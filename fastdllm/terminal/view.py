@@ -16,6 +16,7 @@ from ..units import human_bytes
 
 MASK_GLYPH = "░"
 EDIT_STYLE = "bold magenta"   # a token that token editing (LLaDA2.1) has just overwritten
+FRONTIER_STYLE = "bold black on yellow"   # structured output: the masked position its grammar checks next
 END_GLYPH = "·"      # a committed end-of-text / end-of-turn position (padding after the answer)
 
 
@@ -128,13 +129,16 @@ class LiveCanvas(LiveView):
     the latest commits coloured by confidence, a one-line summary of what is still masked."""
 
     def __init__(self, console: Console, tokenizer, header: str, gen_len: int, block_len: int,
-                 stops: tuple[int, ...], fps: float = 10.0, offset: int = 0):
+                 stops: tuple[int, ...], fps: float = 10.0, offset: int = 0, constrained: bool = False):
         """gen_len: positions generated; offset: how far the first block starts before them
-        (block-causal families: the prompt's tail shares the first block; canvas.geometry)."""
+        (block-causal families: the prompt's tail shares the first block; canvas.geometry);
+        constrained: structured output, whose frontier (the first masked position, where the
+        grammar is checked) is drawn apart (docs/structured-output.md)."""
         super().__init__(console, tokenizer, header, stops, [None] * gen_len, 0, fps)
         self.gen_len, self.block_len, self.block_offset = gen_len, block_len, offset
         self.finished = Text()                       # text of finished blocks, built once
         self.ended = False
+        self.constrained = constrained
 
     def block_done(self, event: BlockEvent) -> None:
         if not self.ended:
@@ -156,10 +160,12 @@ class LiveCanvas(LiveView):
         body = body.copy()
         start = self.block * self.block_len - self.block_offset
         if start + self.block_len > 0 and start < self.gen_len and not self.ended:
+            frontier = self.constrained
             for p in range(max(start, 0), min(start + self.block_len, self.gen_len)):
                 t = self.tokens[p]
                 if t is None:
-                    body.append(MASK_GLYPH, style="dim on grey15")
+                    body.append(MASK_GLYPH, style=FRONTIER_STYLE if frontier else "dim on grey15")
+                    frontier = False
                 elif p in self.noise:
                     body.append(self.pieces(t), style="dim italic")
                 elif p in self.edited:

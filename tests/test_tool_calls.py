@@ -1,0 +1,118 @@
+"""Tool calls in `fastdllm serve` (serve/tools.py) on a tiny Dream with its real chat template
+(Qwen's <tool_call> syntax): request checks, rendering and parsing in this process (fast); calls
+through the openai client against a real server process (slow lane)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("llguidance")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+from fastdllm.checkpoints import loading  # noqa: E402
+from fastdllm.decode.config import DecodeConfig  # noqa: E402
+from fastdllm.serve.protocol import prepare_chat  # noqa: E402
+from fastdllm.serve.requests import ApiError, Server  # noqa: E402
+from fastdllm.serve.tools import parse_calls  # noqa: E402
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+          "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": PARAMS}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+ASK = [{"role": "user", "content": "Weather in Paris for 2 days?"}]
+
+
+@pytest.fixture(scope="module")
+def server(dream_dir):
+    return Server(loading.load(dream_dir, dtype="fp32"), DecodeConfig(gen_len=64), "default", {})
+
+
+def body(**extra) -> dict:
+    return {"model": "tiny-dream", "messages": ASK, "max_tokens": 64, "tools": TOOLS, **extra}
+
+
+def test_tools_are_rendered_and_a_required_call_is_constrained(server):
+    p = prepare_chat(body(tool_choice="required"), server)
+    prompt = server.lm.tokenizer.decode(p.prompt)
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+    assert p.constraint is not None and p.constraint.spec.kind == "grammar"
+    assert prepare_chat(body(tool_choice="auto"), server).constraint is None
+    assert prepare_chat(body(tool_choice="none"), server).constraint is None
+
+
+def test_a_tool_result_is_fed_back_through_the_template(server):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "paris", "days": 2}'}}
+    messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    p = prepare_chat(body(messages=messages), server)
+    prompt = server.lm.tokenizer.decode(p.prompt)
+    assert '"arguments": {"city": "paris", "days": 2}' in prompt           # an object again, not JSON text
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in prompt
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "always"}, "tool_choice"),
+    ({"tools": [{"type": "function"}]}, "tools.0"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_a_bad_tool_request_is_a_400(server, extra, param):
+    with pytest.raises(ApiError) as e:
+        prepare_chat(body(**extra), server)
+    assert e.value.status == 400 and e.value.param == param and "\n" not in e.value.message
+
+
+def test_a_template_without_tools_is_refused(llada_dir):
+    lm = loading.load(llada_dir, dtype="fp32")
+    with pytest.raises(ApiError, match="does not render tools"):
+        prepare_chat(dict(body(), model="tiny-llada"), Server(lm, DecodeConfig(gen_len=64), "default", {}))
+
+
+def test_calls_are_parsed_out_of_the_answer():
+    text = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{bad}\n</tool_call>'
+    content, calls = parse_calls(text)
+    assert [c["function"] for c in calls] == [{"name": "get_time", "arguments": "{}"}]
+    assert content == "Let me check.\n\n<tool_call>\n{bad}\n</tool_call>" and calls[0]["id"].startswith("call_")
+    assert parse_calls("no calls here") == ("no calls here", [])
+
+
+@pytest.fixture(scope="module")
+def served(dream_dir):
+    from serve_process import ServerProcess
+
+    process = ServerProcess("-m", dream_dir, "--dtype", "fp32", "--cache", "prefix")
+    yield process
+    assert process.stop() == 0, process.log
+
+
+@pytest.mark.slow
+def test_tool_calls_through_the_openai_client(served):
+    client = openai.OpenAI(base_url=served.v1, api_key="unused", max_retries=0, timeout=300)
+    for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_weather"}}, "get_weather")):
+        r = client.chat.completions.create(model="tiny-dream", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=64)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+        call = c.message.tool_calls[0].function
+        assert call.name in ("get_weather", "get_time") and (name is None or call.name == name)
+        if call.name == "get_weather":
+            jsonschema.validate(json.loads(call.arguments), PARAMS)
+    print("tool call:", call.name, call.arguments)
+    # the result fed back: the next turn renders and answers
+    messages = ASK + [c.message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": c.message.tool_calls[0].id, "content": "sunny"}]
+    r = client.chat.completions.create(model="tiny-dream", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=32)
+    assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
+    # streamed: the call comes as a tool_calls delta, then finish_reason tool_calls
+    chunks = list(client.chat.completions.create(model="tiny-dream", messages=ASK, tools=TOOLS, max_tokens=64,
+                                                 tool_choice="required", stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
+    assert json.loads(deltas[0].function.arguments) is not None
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
