@@ -116,6 +116,10 @@ def check(model_dir: Path, name: str, *, dtype: str, device: str, quantize: str,
     except Exception:      # headers unreadable: loading itself reports that in its own words
         return None
     machine = this_machine(device)
+    if dtype == "auto" and machine.kind == "cpu" and quantize == "none":
+        from .cpu_dtype import auto_choice
+
+        dtype = auto_choice().dtype          # the size of what auto will load here
     return refusal(name, totals, chosen_key(machine.kind, dtype, quantize), machine, packed)
 
 
