@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from fastdllm.checkpoints import cpu_dtype, loading
 from fastdllm.checkpoints.cpu_dtype import Capabilities, cached_probe, decide
 from fastdllm.cli.app import app
-from fastdllm.errors import UserError
+from fastdllm.errors import UsageError
 from fastdllm.models import cpu
 
 AVX2 = frozenset({"avx", "avx2", "fma"})
@@ -70,7 +70,7 @@ def test_the_pin_decides_without_detection(monkeypatch):
     monkeypatch.setenv("FASTDLLM_CPU_DTYPE", "bf16")
     assert cpu_dtype.auto_choice() == cpu_dtype.Choice("bf16", "bf16: FASTDLLM_CPU_DTYPE=bf16")
     monkeypatch.setenv("FASTDLLM_CPU_DTYPE", "fp16")
-    with pytest.raises(UserError, match="expected fp32 or bf16"):
+    with pytest.raises(UsageError, match="expected fp32 or bf16"):
         cpu_dtype.auto_choice()
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
+from ..errors import UsageError
 
 ENV = "FASTDLLM_CPU_DTYPE"     # fp32 | bf16: what auto means on a CPU, with no detection or probe (CI)
 PROBE_SHAPE = (32, 896, 4864)  # a block of 32 rows through a 0.5B model's MLP up-projection
@@ -62,7 +62,7 @@ def auto_choice() -> Choice:
     pinned = os.environ.get(ENV, "").strip()
     if pinned:
         if pinned not in ("fp32", "bf16"):
-            raise UserError(f"{ENV}={pinned}: expected fp32 or bf16 (or unset: decided by the CPU)")
+            raise UsageError(f"{ENV}={pinned}: expected fp32 or bf16 (or unset: decided by the CPU)")
         return Choice(pinned, f"{pinned}: {ENV}={pinned}")
     return decide(this_cpu(), lambda: cached_probe(cache_path(), probe_key()))
 

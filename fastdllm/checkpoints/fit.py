@@ -58,7 +58,8 @@ def choices(kind: str, packed_experts: bool = False) -> list[tuple[str, str]]:
 
 
 def chosen_key(kind: str, dtype: str, quantize: str) -> str:
-    """The estimate key of what the flags load: --quantize, else the dtype (auto: bf16 on a GPU, fp32 on a CPU)."""
+    """The estimate key of what the flags load: --quantize, else the dtype (auto: bf16 on a GPU, fp32 on a CPU;
+    check() first resolves a CPU's auto to what it will load, cpu_dtype.py)."""
     if quantize != "none":
         return quantize
     if dtype == "auto":
