@@ -52,7 +52,7 @@ def info(
         rows.append((f"memory {name}", f"{human_bytes(est['total'])} = weights {human_bytes(est['weights'])} "
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
     rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
-    rows.append(("--dtype auto", choice.reason))
+    rows.append(("--dtype auto on CPU", choice.reason))
     print_columns(rows)
     for warning in details["warnings"]:
         err_console.print(f"warning: {warning}", style="yellow")

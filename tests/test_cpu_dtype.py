@@ -145,7 +145,7 @@ def test_amx_loads_bf16_and_says_why(llada_dir, simulated):
     assert record["model"]["dtype"] == "bfloat16" and record["model"]["dtype_choice"] == "bf16: AMX"
     r = invoke("generate", "-m", llada_dir, "-n", "16", "--block-len", "16", "-v", "--raw", "hi")
     assert "dtype choice: bf16: AMX" in " ".join(r.stderr.split())
-    assert "--dtype auto bf16: AMX" in " ".join(invoke("info", llada_dir).stdout.split())
+    assert "--dtype auto on CPU bf16: AMX" in " ".join(invoke("info", llada_dir).stdout.split())
     cpu_info = json.loads(invoke("info", llada_dir, "--json").stdout)["cpu"]
     assert cpu_info["auto_dtype"] == "bf16" and cpu_info["auto_dtype_reason"] == "bf16: AMX"
 
