@@ -24,6 +24,7 @@ def info(
 ):
     """Family, size, dtype on disk, context, special ids, chat template, memory estimates."""
     from fastdllm.checkpoints.info import inspect_checkpoint, memory_estimate
+    from fastdllm.checkpoints.cpu_dtype import auto_choice
     from fastdllm.models.cpu import bf16_note, this_cpu
     from fastdllm.units import human_bytes
 
@@ -31,7 +32,8 @@ def info(
         raise UsageError(f"two models given: {model} and -m {model_flag}; pass one")
     details = inspect_checkpoint(resolve_model_dir(model_flag or model))
     memory = memory_estimate(details, prompt_len + gen_len)
-    machine = this_cpu()
+    choice = auto_choice()
+    machine = dict(this_cpu(), auto_dtype=choice.dtype, auto_dtype_reason=choice.reason)   # what --dtype auto loads here
     if json_out:
         out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine)))
         return
@@ -50,6 +52,7 @@ def info(
         rows.append((f"memory {name}", f"{human_bytes(est['total'])} = weights {human_bytes(est['weights'])} "
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
     rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
+    rows.append(("--dtype auto on CPU", choice.reason))
     print_columns(rows)
     for warning in details["warnings"]:
         err_console.print(f"warning: {warning}", style="yellow")

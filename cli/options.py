@@ -33,7 +33,7 @@ DECODE_FLAGS = {f.name: _decode_flag(f) for f in fields(DecodeConfig)}
 MODEL_FLAGS = {
     "model": (Optional[str], typer.Option("--model", "-m", help="Checkpoint directory, catalog name (dream:7b) or hub id (default: built-in model).")),
     "profile": (Optional[str], typer.Option("--profile", "-P", help="Profile name or YAML file (default: 'default').")),
-    "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU, fp32 on CPU).")),
+    "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU; on CPU bf16 where faster, AMX or a cached probe, else fp32; `info` says which).")),
     "device": (Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto spreads over GPUs with accelerate).")),
     "quantize": (Optional[str], typer.Option("--quantize", help="none | int8 | int4 (CPU kernels) | 8bit | 4bit (bitsandbytes, for GPUs).")),
     "force": (Optional[bool], typer.Option("--force", help="Load even when the memory estimate says it will not fit (FASTDLLM_FORCE=1).")),

@@ -22,7 +22,8 @@ class ServerProcess:
     """`fastdllm serve --port 0 ARGS` in a child process; its stderr is collected line by line."""
 
     def __init__(self, *args: str, startup_s: float = 120.0):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FASTDLLM_")}
+        # FASTDLLM_CPU_DTYPE stays: the suite's fp32 pin of --dtype auto (conftest.py)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FASTDLLM_") or k == "FASTDLLM_CPU_DTYPE"}
         env["OMP_NUM_THREADS"] = "1"        # tiny models: threads only add overhead (and contend with the tests)
         self.proc = subprocess.Popen([COMMAND, "serve", "--port", "0", *map(str, args)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

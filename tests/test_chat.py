@@ -304,7 +304,9 @@ def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_session(llada_dir, tmp_p
     # slow on purpose (512 one-token steps, no cache, no early stop) so that Ctrl+C lands mid-answer
     args = [exe, "chat", "-m", str(llada_dir), "-n", "512", "--block-len", "32", "--cache", "none",
             "--rule", "fixed", "--no-early-stop"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTDLLM_")} | {"TERM": "xterm"}
+    # FASTDLLM_CPU_DTYPE stays: the suite's fp32 pin of --dtype auto (conftest.py)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FASTDLLM_") or k == "FASTDLLM_CPU_DTYPE"} | {"TERM": "xterm"}
     pid, fd = pty.fork()
     if pid == 0:                                            # the child: a terminal of 40 x 120
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))

@@ -58,7 +58,8 @@ def choices(kind: str, packed_experts: bool = False) -> list[tuple[str, str]]:
 
 
 def chosen_key(kind: str, dtype: str, quantize: str) -> str:
-    """The estimate key of what the flags load: --quantize, else the dtype (auto: bf16 on a GPU, fp32 on a CPU)."""
+    """The estimate key of what the flags load: --quantize, else the dtype (auto: bf16 on a GPU, fp32 on a CPU;
+    check() first resolves a CPU's auto to what it will load, cpu_dtype.py)."""
     if quantize != "none":
         return quantize
     if dtype == "auto":
@@ -116,6 +117,10 @@ def check(model_dir: Path, name: str, *, dtype: str, device: str, quantize: str,
     except Exception:      # headers unreadable: loading itself reports that in its own words
         return None
     machine = this_machine(device)
+    if dtype == "auto" and machine.kind == "cpu" and quantize == "none":
+        from .cpu_dtype import auto_choice
+
+        dtype = auto_choice().dtype          # the size of what auto will load here
     return refusal(name, totals, chosen_key(machine.kind, dtype, quantize), machine, packed)
 
 

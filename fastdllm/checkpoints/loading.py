@@ -103,7 +103,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     config, model_cls, notes = family_of(raw, path)
     _check_weights(path)
     tokenizer = load_tokenizer(path)
-    torch_dtype, device_map = torch_placement(dtype, device, quantize)
+    torch_dtype, device_map, dtype_choice = torch_placement(dtype, device, quantize)
     cpu_quant = quantize in CPU_FORMATS
     if cpu_quant and hasattr(model_cls, "packed_experts"):
         raise UserError(f"--quantize {quantize}: {path.name}'s experts are packed 3-D tensors, which the int8/int4 "
@@ -137,6 +137,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
                          notes=notes)
     model.parameters_before_quantization = parameters
     loaded.info = describe(loaded)
+    if dtype_choice:
+        loaded.info["dtype_choice"] = dtype_choice        # what --dtype auto picked, and why
     if loaded.device.type == "cpu":      # the CLI's thread count follows the free cores (thread_watch.py):
         model.embed.register_forward_pre_hook(thread_watch.poll)     # every forward path embeds first
     if cpu_quant:

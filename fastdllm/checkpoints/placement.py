@@ -24,8 +24,9 @@ def placement_error(key: str, value: str) -> str | None:
 
 
 def torch_placement(dtype: str, device: str, quantize: str = "none"):
-    """--dtype / --device -> (torch dtype, accelerate device_map). int8 / int4 compute in bf16 by
-    default (their kernels' fast path; fp32 activations take a reference loop)."""
+    """--dtype / --device -> (torch dtype, accelerate device_map, why auto chose that dtype or None).
+    int8 / int4 compute in bf16 by default (their kernels' fast path; fp32 activations take a
+    reference loop); plain weights on a CPU follow the CPU (cpu_dtype.py)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -39,10 +40,19 @@ def torch_placement(dtype: str, device: str, quantize: str = "none"):
     if quantize in CPU_FORMATS:
         cpu_quant_check(quantize, dtype, device_map)
         if dtype == "auto":
-            return torch.bfloat16, device_map
+            return torch.bfloat16, device_map, f"bf16: the {quantize} kernels' fast path"
+    if dtype == "auto" and on_gpu:
+        return torch.bfloat16, device_map, "bf16: GPU"
+    if dtype == "auto" and quantize != "none":       # bitsandbytes on a CPU: as before, fp32
+        return torch.float32, device_map, None
+    why = None
     if dtype == "auto":
-        return (torch.bfloat16 if on_gpu else torch.float32), device_map
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[dtype], device_map
+        from .cpu_dtype import auto_choice
+
+        choice = auto_choice()
+        dtype, why = choice.dtype, choice.reason
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[dtype], \
+        device_map, why
 
 
 def cpu_quant_check(quantize: str, dtype: str, device_map) -> None:

@@ -36,7 +36,7 @@ def bf16_note() -> str:
     """Said wherever a CPU bf16 run is described: whether bf16 has native kernels here."""
     if bf16_native():
         return "bf16 native"
-    return "bf16 emulated (no AVX-512 bf16 units): slow, fp32 (the CPU default) is faster"
+    return "bf16 emulated (no AVX-512 bf16 units): slow, fp32 (what --dtype auto picks here) is faster"
 
 
 def this_cpu() -> dict:

@@ -291,6 +291,7 @@ def stats_block(result: Result, info: dict, view_overhead: float | None = None) 
          + (f" ({info['portable_4bit_layers']} layers on bitsandbytes' portable 4-bit kernel: shapes its bf16 CPU "
             "kernel cannot take)" if info.get("portable_4bit_layers") else "")
          + (" (bf16 emulated on this CPU: slow, fp32 is faster)" if info.get("bf16") == "emulated" else "")),
+        *([("dtype choice", info["dtype_choice"])] if info.get("dtype_choice") else []),   # --dtype auto's pick
         ("peak memory", f"{human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})"),
     ]
     if view_overhead is not None:
