@@ -76,9 +76,25 @@ def dream64_heavy_mask(dream64, tmp_path_factory):
     return _heavy(dream64, tmp_path_factory)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`), each worker takes its share of the cores for torch's threads, so
+    that N workers do not each start a pool as wide as the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def pytest_collection_modifyitems(config, items):
     """The fast lane (`pytest -m fast`, README): every test not marked `slow`. A test is marked slow
-    when it starts processes or servers, or sweeps a grid another test already covers by one point."""
+    when it starts processes or servers, or sweeps a grid another test already covers by one point.
+    A parametrized test marked `sweep` keeps its first case in the fast lane and runs the rest in
+    the full suite only: the lane touches every test function, the suite every point."""
+    seen = set()
     for item in items:
+        if item.get_closest_marker("sweep") is not None:
+            function = (item.nodeid.split("[")[0])
+            if function in seen:
+                item.add_marker(pytest.mark.slow)
+            seen.add(function)
         if item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.fast)
