@@ -79,7 +79,8 @@ def analyze(decoder: Decoder, ids: list[int], cfg: DecodeConfig, *, sweep=SWEEP,
             drift[mode] = instrumented(decoder, ids, replace(cfg, cache=mode), reference, mask, drift=True)[1]
     runs = [what_if(decoder, ids, replace(cfg, rule=rule, **{rule: value}), reference, mask, rule, value)
             if (rule, value) != (cfg.rule, getattr(cfg, rule)) else
-            {"rule": rule, "value": value, "nfe": main["nfe"], **main["agreement"], "agreement": main["agreement"]["rate"]}
+            {"rule": rule, "value": value, "nfe": main["nfe"], "agreed": main["agreement"]["agreed"],
+             "compared": main["agreement"]["compared"], "agreement": main["agreement"]["rate"]}
             for rule, value in sweep]
     return {**main, "baseline": {"nfe": base.nfe, "text": base.texts[0], "config": base.config.to_dict()},
             "drift": drift, "sweep": runs, "seconds": round(time.perf_counter() - started, 3)}
