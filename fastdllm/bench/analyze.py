@@ -29,8 +29,14 @@ from ..decode.events import Result, StepEvent
 from ..errors import UserError
 
 DRIFT_MODES = ("prefix", "dual")
-# what-if runs beside the analyzed one (kept few: each is a whole decode)
-SWEEP = (("threshold", 0.7), ("threshold", 0.8), ("threshold", 0.9), ("factor", 1.0))
+# what-if runs beside the analyzed one (kept few: each is a whole decode): (rule, value) is that
+# rule with that parameter, ("cache", mode) the same rule under another cache mode
+SWEEP = (("threshold", 0.7), ("threshold", 0.8), ("threshold", 0.9), ("factor", 1.0),
+         ("cache", "none"), ("cache", "prefix"), ("cache", "dual"))
+
+
+def swept(cfg: DecodeConfig, rule: str, value) -> DecodeConfig:
+    return replace(cfg, cache=value) if rule == "cache" else replace(cfg, rule=rule, **{rule: value})
 
 
 def baseline_config(cfg: DecodeConfig) -> DecodeConfig:
@@ -77,8 +83,8 @@ def analyze(decoder: Decoder, ids: list[int], cfg: DecodeConfig, *, sweep=SWEEP,
             drift[mode] = main_drift
         else:
             drift[mode] = instrumented(decoder, ids, replace(cfg, cache=mode), reference, mask, drift=True)[1]
-    runs = [what_if(decoder, ids, replace(cfg, rule=rule, **{rule: value}), reference, mask, rule, value)
-            if (rule, value) != (cfg.rule, getattr(cfg, rule)) else
+    runs = [what_if(decoder, ids, swept(cfg, rule, value), reference, mask, rule, value)
+            if swept(cfg, rule, value) != cfg else
             {"rule": rule, "value": value, "nfe": main["nfe"], "agreed": main["agreement"]["agreed"],
              "compared": main["agreement"]["compared"], "agreement": main["agreement"]["rate"]}
             for rule, value in sweep]

@@ -44,12 +44,23 @@ def advice(data: dict) -> list[str]:
     if confident:
         rate = sum(c["agrees"] for c in confident) / len(confident)
         lines.append(f"commits at confidence >= 0.9 agreed on {rate:.0%} ({len(confident)} commits)")
+    cfg = data["config"]
     for run in data["sweep"]:
-        if (run["rule"], run["value"]) == (data["config"]["rule"], data["config"].get(run["rule"])):
+        if run["rule"] == "cache":
+            if run["value"] == cfg["cache"]:
+                continue
+            what = f"the same rule with cache {run['value']}"
+        elif (run["rule"], run["value"]) == (cfg["rule"], cfg.get(run["rule"])):
             continue
+        else:
+            what = f"{run['rule']} {run['value']}"
         saving = 1 - run["nfe"] / max(data["nfe"], 1)
         verb = "would save" if saving >= 0 else "would cost"
-        lines.append(f"{run['rule']} {run['value']} {verb} {abs(saving):.0%} NFE at {run['agreement']:.0%} agreement")
+        lines.append(f"{what} {verb} {abs(saving):.0%} NFE at {run['agreement']:.0%} agreement")
+    uncached = next((r for r in data["sweep"] if (r["rule"], r["value"]) == ("cache", "none")), None)
+    if uncached and cfg["cache"] != "none" and uncached["agreement"] - agree["rate"] >= 0.1:
+        lines.append(f"the disagreement comes from the cache, not the rule: without a cache {label} "
+                     f"agrees on {uncached['agreement']:.0%}")
     return lines
 
 
@@ -121,9 +132,10 @@ def figures(data: dict) -> dict[str, bytes]:
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for run in data["sweep"]:
-        ax.scatter(run["nfe"], run["agreement"], c="tab:orange" if run["rule"] == "factor" else "tab:blue")
+        colour = {"factor": "tab:orange", "cache": "tab:green"}.get(run["rule"], "tab:blue")
+        ax.scatter(run["nfe"], run["agreement"], c=colour)
         ax.annotate(f"{run['rule']} {run['value']}", (run["nfe"], run["agreement"]), fontsize=7)
-    ax.set(xlabel="NFE", ylabel="agreement with baseline", title="what-if: other rules, same cache")
+    ax.set(xlabel="NFE", ylabel="agreement with baseline", title="what-if: other rules (same cache), other caches (same rule)")
     save("sweep", fig)
     return out
 
