@@ -39,6 +39,7 @@ def test_drift_is_zero_right_after_a_refresh_and_real_between(llada_run):
             assert min(s["k_cos"] + s["v_cos"]) == pytest.approx(1.0, abs=1e-12)
         cached = [s for s in steps if not s["refresh"]]
         assert cached and max(max(s["k_err"]) for s in cached) > 1e-6   # stale context shows
+        assert all(sum(s["error_share"].values()) == pytest.approx(1.0, abs=1e-3) for s in cached)
     prefix, dual = (llada_run["drift"][m]["mean_error_by_layer"] for m in ("prefix", "dual"))
     assert sum(dual) >= sum(prefix)                              # dual reuses more: drifts more
 

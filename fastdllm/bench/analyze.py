@@ -150,6 +150,11 @@ def kv_drift(batch, event: StepEvent, start: int, mask: int) -> dict:
     with torch.inference_mode():
         model.forward_span(canvas.to(device), 0, T, fresh, torch.full((1, 1), T - 1, device=device))
     keep = batch.canvas.valid[0]
+    s, e = batch.canvas.blocks[event.block]
+    region = torch.full((T,), 1)                                  # 0: before the block, 1: in it, 2: after
+    region[:s], region[e:] = 0, 2
+    region = region[keep]
+    squared = torch.zeros(3, dtype=torch.float64)                 # the squared error in each region
     layers = {"k_cos": [], "v_cos": [], "k_err": [], "v_err": []}
     for kind, cached, ref in (("k", cache.keys, fresh.keys), ("v", cache.values, fresh.values)):
         for a, b in zip(cached, ref):
@@ -159,7 +164,9 @@ def kv_drift(batch, event: StepEvent, start: int, mask: int) -> dict:
             cos = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-30)
             layers[f"{kind}_cos"].append(float(cos.mean()))
             layers[f"{kind}_err"].append(float((a - b).norm() / b.norm().clamp_min(1e-30)))
-    return layers
+            squared.index_add_(0, region.to(a.device), ((a - b) ** 2).sum(1).cpu())
+    share = (squared / squared.sum()).tolist() if float(squared.sum()) > 0 else [0.0, 0.0, 0.0]
+    return {**layers, "error_share": dict(zip(("before", "block", "after"), (round(x, 4) for x in share)))}
 
 
 def drift_summary(steps: list[dict], cfg: DecodeConfig) -> dict:
@@ -168,7 +175,9 @@ def drift_summary(steps: list[dict], cfg: DecodeConfig) -> dict:
     n_layers = len(steps[0]["k_err"]) if steps else 0
     worst_layer = [max((max(s["k_err"][i], s["v_err"][i]) for s in cached), default=0.0) for i in range(n_layers)]
     mean_layer = [sum(max(s["k_err"][i], s["v_err"][i]) for s in cached) / max(len(cached), 1) for i in range(n_layers)]
-    return {"cache": cfg.cache, "layers": n_layers, "steps": steps,
+    share = {k: round(sum(s["error_share"][k] for s in cached) / max(len(cached), 1), 4)
+             for k in ("before", "block", "after")}                # where the error sits, mean over steps
+    return {"cache": cfg.cache, "layers": n_layers, "steps": steps, "error_share": share,
             "max_error_by_layer": [round(x, 6) for x in worst_layer],
             "mean_error_by_layer": [round(x, 6) for x in mean_layer],
             "min_cosine": round(min((min(s["k_cos"] + s["v_cos"]) for s in cached), default=1.0), 6)}

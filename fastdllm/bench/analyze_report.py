@@ -35,6 +35,12 @@ def advice(data: dict) -> list[str]:
                  else f"is over 1% from layer {next(i for i, e in enumerate(errors) if e >= ONE_PERCENT)} on")
         lines.append(f"{mode} cache: K/V drift {where} (mean relative error {errors[worst]:.1%} at layer {worst}, "
                      f"worst {d['max_error_by_layer'][worst]:.1%}; lowest cosine {d['min_cosine']:.3f})")
+        share = d["error_share"]
+        if sum(share.values()) > 0:
+            names = {"before": "the prompt and finished blocks", "block": "the active block",
+                     "after": "the masked suffix"}
+            top = max(share, key=share.get)
+            lines.append(f"{mode} cache: {share[top]:.0%} of its K/V error sits in {names[top]}")
     agree = data["agreement"]
     label = rule_label(data["config"])
     lines.append(f"{label} agreed with the uncached one-token baseline on {agree['rate']:.0%} of "
