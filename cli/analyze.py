@@ -17,11 +17,22 @@ from .text_input import read_prompt
 from .user_errors import user_errors
 
 
+def set_prompt(name: str) -> str:
+    """The first prompt of a built-in prompt set (analyze reads one prompt; infilling is not analyzed)."""
+    from fastdllm.bench import prompts
+    from fastdllm.errors import UsageError
+
+    if name == "infill":
+        raise UsageError("analyze decodes one answer after a prompt; the infill set fills holes (use code, math or chat)")
+    return prompts.builtin(name).prompts[0]
+
+
 @user_errors
 @generation_options
 def analyze(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or a pipe reads stdin.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
+    prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Analyze a built-in set's first prompt: code | math | chat.")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
     output: Annotated[Path, typer.Option("--output", "-O", help="The HTML report; its PNGs and JSON are written beside it.")] = Path("analyze.html"),
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object (the numbers) on stdout; no HTML.")] = False,
@@ -32,7 +43,7 @@ def analyze(
     from fastdllm.bench.analyze import analyze as measure
     from fastdllm.bench.analyze_report import advice, write_report
 
-    text = read_prompt(prompt, file)
+    text = set_prompt(prompt_set) if prompt_set is not None and prompt is None and file is None else read_prompt(prompt, file)
     if not json_out:
         from fastdllm.bench.analyze_report import _pyplot
 

@@ -114,3 +114,12 @@ def test_without_matplotlib_one_line_naming_the_extra(llada_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     r = CliRunner().invoke(app, ["analyze", "-m", str(llada_dir), "-n", "32", "hello"])
     assert r.exit_code == 1 and "fastdllm[plot]" in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_a_prompt_set_gives_its_first_prompt_and_infill_is_refused():
+    from fastdllm.bench.prompts import builtin
+    from fastdllm.cli.analyze import set_prompt
+    from fastdllm.errors import UsageError
+
+    assert set_prompt("code") == builtin("code").prompts[0]
+    one_line_refusal(lambda: set_prompt("infill"), "fills holes", UsageError)
