@@ -101,7 +101,8 @@ def figures(data: dict) -> dict[str, bytes]:
     raster.invert_yaxis()
     blocks = data["blocks"]
     bars.bar([b["block"] for b in blocks], [b["nfe"] for b in blocks], color="tab:gray")
-    bars.set(xlabel="block", ylabel="NFE", title=f"{data['tokens_per_forward']:.2f} tokens/forward")
+    bars.set(xlabel="block", ylabel="NFE", title=f"{data['tokens_per_forward']:.2f} tokens/forward",
+             xticks=[b["block"] for b in blocks])
     save("timeline", fig)
 
     # confidence against the baseline, by rank in the step, with both rules' boundaries
@@ -137,10 +138,11 @@ def figures(data: dict) -> dict[str, bytes]:
         save(f"drift-{mode}", fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for run in data["sweep"]:
+    for i, run in enumerate(data["sweep"]):
         colour = {"factor": "tab:orange", "cache": "tab:green"}.get(run["rule"], "tab:blue")
         ax.scatter(run["nfe"], run["agreement"], c=colour)
-        ax.annotate(f"{run['rule']} {run['value']}", (run["nfe"], run["agreement"]), fontsize=7)
+        ax.annotate(f"{run['rule']} {run['value']}", (run["nfe"], run["agreement"]), fontsize=7,
+                    xytext=(3, 3 + 9 * (i % 4)), textcoords="offset points")   # staggered: points crowd
     ax.set(xlabel="NFE", ylabel="agreement with baseline", title="what-if: other rules (same cache), other caches (same rule)")
     save("sweep", fig)
     return out
