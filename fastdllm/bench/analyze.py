@@ -120,7 +120,7 @@ def instrumented(decoder: Decoder, ids: list[int], cfg: DecodeConfig, reference:
         # rank: 1 = the most confident candidate of the step (the rules' sorted order), among the
         # positions masked before it (a whole-block step also lists committed ones as filler)
         was_masked = (batch.canvas.host[0, event.positions[0] + start] == mask) | chosen
-        order = torch.argsort(event.confidences[0].masked_fill(~was_masked, -1.0), descending=True, stable=True)
+        order = torch.argsort(event.confidences[0].masked_fill(~was_masked, float("-inf")), descending=True, stable=True)
         rank = torch.empty_like(order)
         rank[order] = torch.arange(1, order.numel() + 1)
         commits = []
