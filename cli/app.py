@@ -12,6 +12,7 @@ from fastdllm import threads
 from fastdllm.errors import UserError
 
 from . import user_errors
+from .analyze import analyze
 from .bench import bench
 from .chat import chat
 from .eval import EXAMPLES as EVAL_EXAMPLES
@@ -43,6 +44,7 @@ def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Pytho
 
 app.command()(generate)
 app.command()(bench)
+app.command()(analyze)
 app.command()(chat)
 app.command(name="eval", epilog=EVAL_EXAMPLES)(eval_)
 app.command()(info)
