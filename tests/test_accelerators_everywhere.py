@@ -23,6 +23,9 @@ PROMPT = "def add(a, b):"
 METHODS = {"dus": 64, "dual-dus": 64, "credit": 64, "prophet": 256, "dual-prophet": 256, "dpad": 64, "dkv": 64}
 
 
+pytestmark = pytest.mark.slow   # processes and servers: the full suite only (tests/conftest.py)
+
+
 @pytest.fixture(scope="module")
 def server():
     """The built-in tiny code model in float64, the server's defaults."""

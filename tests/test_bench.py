@@ -25,6 +25,9 @@ NO_ENV: dict = {}                     # isolate expansion from FASTDLLM_* variab
 runner = CliRunner()
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def invoke(*args):
     return runner.invoke(app, ["bench", *map(str, args)], catch_exceptions=False)
 
@@ -202,6 +205,7 @@ def test_prompts_file_jsonl_or_lines(tmp_path):
 
 # --- end to end on the tiny random model -------------------------------------------------------
 
+@pytest.mark.slow
 def test_runner_returns_records_with_nfe_order_and_self_agreement(llada64):
     rows = pick_rows(["baseline", "dual", "dual+parallel"])
     # no early stop: every row decodes the whole canvas, so NFEs compare like for like
@@ -231,6 +235,7 @@ def test_cli_bench_json_and_output_file(llada_dir, tmp_path):
     assert rows[0]["quality_metric"] == "parses" and rows[0]["chat_template"] == "False"
 
 
+@pytest.mark.slow
 def test_cli_quantized_rows_agree_with_the_same_row_unquantized(llada_dir, monkeypatch):
     pytest.importorskip("bitsandbytes")
     import fastdllm.cli.bench as cli_bench

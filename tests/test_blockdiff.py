@@ -17,6 +17,9 @@ from fastdllm.decode.engine import generate
 from fastdllm.decode.events import Result, StepEvent
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def reference_bans_nothing(one_thread):
     ref.BANNED[:] = []

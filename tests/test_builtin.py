@@ -35,6 +35,7 @@ def test_shipped_in_llada_format(builtin):
     assert not builtin.has_chat_template
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_deterministic(builtin):
     cfg = DecodeConfig(gen_len=64, block_len=32, cache="dual", threshold=0.9)
     ids = builtin.encode(PROMPT, chat=False)

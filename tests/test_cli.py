@@ -14,6 +14,9 @@ runner = CliRunner()
 SMALL = ["-n", "32", "--block-len", "16"]
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def invoke(*args, input=None, env=None):
     return runner.invoke(app, [str(a) for a in args], input=input, env=env, catch_exceptions=False)
 
@@ -210,6 +213,7 @@ def test_debug_shows_the_traceback():
         runner.invoke(app, ["--debug", "generate", "-m", "/nonexistent", "hi"], catch_exceptions=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_quantized_8bit_and_4bit_on_cpu(family, request, tmp_path):
     if family == "llada":

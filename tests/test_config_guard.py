@@ -31,6 +31,9 @@ CLASSES = [(model_type, c) for model_type, families in FAMILIES.items() for c, _
 BAD = ["fastdllm-test-value", -7, 3.5, True, {"rope_type": "yarn", "factor": 4.0}, ["sliding_attention"]]
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def test_every_family_came_with_its_published_configs():
     assert len(PUBLISHED) >= 16
     assert {c["model_type"] for c in PUBLISHED.values()} >= set(FAMILIES) - {"bailing_moe_v2"}

@@ -35,6 +35,9 @@ FP32_W8A8 = 2.0 ** -22         # the W8A8 path's fp32 roundings (int32 -> fp32, 
 needs_exact_int_mm = pytest.mark.skipif(not int_mm_exact(), reason="torch._int_mm saturates here (no VNNI): W8A8 off")
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 @pytest.fixture
 def weight_only(monkeypatch):
     """Int8Linear and Int4Linear built in the test run the weight-only kernels at every row count."""

@@ -23,6 +23,9 @@ from fastdllm.models.cpu_kernels import QuantLinear, int_mm_exact
 from fastdllm.models.cpu_quant import Int8Embedding, Int8Linear, quantize_model
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def dequantized_twin(path, quant: nn.Module) -> nn.Module:
     """The model at `path` in fp32, each weight that `quant` quantized replaced by the float weight
     it stands for: the whole-model plumbing against plain float modules."""
@@ -108,6 +111,7 @@ def test_generate_through_the_cli(fmt, tmp_path):
     assert record["generated_tokens"] > 0 and record["nfe"] >= 2
 
 
+@pytest.mark.slow
 def test_llada_generates_with_int8_and_is_smaller(llada_dir):
     sizes = {}
     for fmt in ("none", "int8", "int4"):
@@ -133,6 +137,7 @@ def test_gpu_placement_is_refused_with_the_gpu_formats_named():
         cpu_quant_check("int8", "auto", {"": "cuda:1"})
 
 
+@pytest.mark.slow
 def test_bitsandbytes_on_cpu_says_int8_int4_are_the_cpu_formats(llada_dir):
     pytest.importorskip("bitsandbytes")
     r = invoke("generate", "-m", llada_dir, *SMALL, "--quantize", "8bit", "--dtype", "bf16", "Hi")

@@ -19,7 +19,7 @@ from fastdllm.decode.credit import CreditTrace
 from fastdllm.decode.engine import StepEvent, generate, run
 from fastdllm.errors import UserError
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
 
 ALPHA, GAMMA, BETA = 0.7, 0.2, 0.8                  # dInfer's constants, DecodeConfig's defaults
 

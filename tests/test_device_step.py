@@ -20,6 +20,9 @@ BATCHES = {"one": [16], "padded": [13, 8, 21]}
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def prompts_of(lm, lengths):
     ids = lm.encode("Explain the block-wise KV cache in two sentences, please, and then say why.", chat=True)
     return [ids[-n:] for n in lengths]

@@ -20,7 +20,7 @@ from fastdllm.decode.events import StepEvent
 
 transformers = pytest.importorskip("transformers")
 HF = getattr(transformers, "DiffusionGemmaForBlockDiffusion", None)
-pytestmark = [pytest.mark.usefixtures("one_thread"),
+pytestmark = [pytest.mark.sweep, pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(HF is None, reason="transformers without DiffusionGemma (>= 5.8)")]
 
 C, STEPS, WINDOW = 16, 12, 8          # canvas, denoising steps and sliding window of the fixture
@@ -207,6 +207,7 @@ def test_generate_through_the_cli_uses_the_family_profile(gemma_dir):
         assert r.exit_code != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
 def test_serve_batches_requests_and_answers_each_as_generate(gemma_dir):
     """Three requests at once, one of them streamed by step: each answer is `generate`'s for the same
     prompt and seed (rows keep their own random streams across the server's batches)."""
@@ -265,6 +266,7 @@ def test_bench_rows_vary_the_sampler(gemma_dir, ours):
     assert records["baseline"]["nfe"] == STEPS + 1 and records["fewer-steps"]["nfe"] == 16 + 1
 
 
+@pytest.mark.slow
 def test_eval_runs_generation_tasks_and_refuses_likelihood(gemma_dir, tmp_path):
     pytest.importorskip("lm_eval")
     from test_blockdiff import cli

@@ -19,7 +19,7 @@ from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import Batch, StepEvent, generate, run
 from fastdllm.models.kv_cache import Slots
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
 
 
 def commits(event, starts):

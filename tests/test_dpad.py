@@ -27,7 +27,7 @@ from fastdllm.decode.engine import StepEvent, generate, run, stepper
 from fastdllm.decode.suffix_dropout import SuffixDropout, draw_kept, keep_profile
 from fastdllm.models.kv_cache import CanvasCache
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
 
 SETTINGS = [(4.0, 2.0), (3.0, 2.3), (3.0, 3.0)]      # (k, scale); scale 3: keep[0] = 1.2 > 1, always kept
 

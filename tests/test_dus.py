@@ -23,7 +23,7 @@ from fastdllm.decode.rules import RULES
 from fastdllm.decode.selection import select
 from fastdllm.errors import UserError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 NO_LEVELS = "given no candidate levels"
 
 

@@ -23,7 +23,7 @@ from fastdllm.decode.engine import run
 from fastdllm.decode.events import StepEvent
 from fastdllm.errors import UserError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,9 @@ ROWS = [json.loads(line) for line in (TASKS / "tiny.jsonl").read_text().splitlin
 CFG = DecodeConfig(gen_len=32, block_len=8, cache="dual", threshold=0.7)
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 @pytest.fixture(autouse=True)
 def at_root(monkeypatch, one_thread):
     monkeypatch.chdir(ROOT)                  # the tasks' data_files are relative to the root
@@ -112,6 +115,7 @@ def test_block_causal_families_refuse_likelihoods(tmp_path):
         harness.loglikelihood([request("loglikelihood", ("a", " b"))])
 
 
+@pytest.mark.slow
 def test_eval_runs_tasks_and_profiles_side_by_side(llada_dir, tmp_path):
     out = tmp_path / "r.json"
     r = invoke("eval", "-m", llada_dir, "--dtype", "fp64", "--include-path", TASKS, "--tasks",
@@ -154,12 +158,14 @@ def one_error(stderr: str, words: str) -> bool:
     return len(errors) == 1 and words in errors[0] and "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_a_hub_task_offline_is_one_line(llada_dir):
     r = invoke("eval", "-m", llada_dir, "--tasks", "gsm8k", "--limit", "1",
                env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert r.exit_code == 1 and one_error(r.stderr, "Hugging Face hub"), r.stderr
 
 
+@pytest.mark.slow
 def test_lm_evals_own_command_line_with_fastdllm_registered(llada_dir, tmp_path):
     """`python -m fastdllm.eval.harness` (lm-eval's CLI) run outside the checkout, so that the installed
     package is the one imported; the task's data path made absolute for that."""

@@ -28,6 +28,9 @@ SAME = ["task", "profile", "metric", "value", "stderr", "metrics", "samples", "a
         "nfe_per_answer", "tokens_per_forward", "config"]
 
 
+pytestmark = pytest.mark.slow   # processes and servers: the full suite only (tests/conftest.py)
+
+
 def run(args: list[str], env: dict | None = None, timeout: int = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """A command in the repository's root by default, where a user who followed the README stands
     (there `-m fastdllm` imports the checkout's `fastdllm/` folder, fastdllm/source_tree.py maps its

@@ -7,10 +7,15 @@ import importlib.util
 import shutil
 from pathlib import Path
 
+import pytest
+
 from fastdllm.bench.runner import agreement
 from fastdllm.checkpoints.builtin import builtin_model_path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eval_tiny.py"
+
+
+pytestmark = pytest.mark.slow   # a whole evaluation of the built-in model: the full suite only
 
 
 def load_script():

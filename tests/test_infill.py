@@ -21,6 +21,9 @@ from fastdllm.errors import UserError
 TEMPLATE = "def f(x):\n<|mask:7|>\n    y = x\n<|mask:5|>\n    return y\n"
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def threads(one_thread):
     pass

@@ -20,6 +20,9 @@ runner = CliRunner()
 SMALL = ["-n", "32", "--block-len", "16"]
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def invoke(*args, input=None, env=None):
     return runner.invoke(app, [str(a) for a in args], input=input, env=env, catch_exceptions=False)
 

@@ -38,7 +38,7 @@ FIXTURES = {
 HEAVY = "_heavy_mask"        # a fixture's name + HEAVY: its copy whose mask takes real probability
 HEAVY_WORD_PROMPT = {"llada2": 5, "llada_moe": 13}   # the prompt length the mask's word is chosen on
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from serve_process import ServerProcess
 
 ollama = pytest.importorskip("ollama")
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +27,7 @@ def client(server):
     return ollama.Client(host=server.url)
 
 
+@pytest.mark.slow
 def test_a_conversation_streams_as_ndjson_and_ends_with_the_counts(client, server):
     messages = [{"role": "user", "content": "def fibonacci(n):"}]
     parts = list(client.chat(model="tiny-code", messages=messages, stream=True, options={"num_predict": 64}))
@@ -47,6 +47,7 @@ def test_a_conversation_streams_as_ndjson_and_ends_with_the_counts(client, serve
     assert lines[-1]["done"] is True and all(line["done"] is False for line in lines[:-1])
 
 
+@pytest.mark.slow
 def test_generate_whole_equals_generate_streamed(client):
     request = dict(model="tiny-code", prompt="def add(a, b):", options={"num_predict": 32, "temperature": 0})
     whole = client.generate(**request)

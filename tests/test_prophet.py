@@ -25,7 +25,7 @@ from fastdllm.decode.engine import StepEvent, run, stepper
 from fastdllm.decode.prophet import Check, Prophet, anchor_tokens, threshold, top2_gap
 from fastdllm.errors import UserError
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
 
 NEVER = (1e9, 1e9, 1e9)
 # Thresholds that fire in one phase only, after its first step, chosen from each prompt's gaps

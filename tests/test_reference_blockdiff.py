@@ -33,7 +33,7 @@ PROMPT = torch.randint(0, 150000, (70,), generator=torch.Generator().manual_seed
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tests/conftest.py
 
 
 @pytest.fixture(scope="session")

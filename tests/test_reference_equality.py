@@ -12,7 +12,7 @@ from reference import reference_generate
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tiny float64 ops (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
 
 RULES = {
     "fixed": dict(rule="fixed", steps=16),           # two tokens per step (32 tokens, 16 steps)

@@ -33,6 +33,9 @@ ALT_LLADA_MOE = dict(num_key_value_heads=2, shared_expert_intermediate_size=48, 
                      moe_router_enable_expert_bias=True)
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def reference_bans_nothing(one_thread):
     ref.BANNED[:] = []

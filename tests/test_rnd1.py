@@ -32,7 +32,7 @@ from fastdllm.decode.engine import generate, run
 from fastdllm.decode.events import Result, StepEvent
 from fastdllm.errors import UserError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 HEAVY = "heavy_mask"
 
 

@@ -49,7 +49,7 @@ FIXTURES = {"main": {}, "mixed": {"num_hidden_layers": 4, "decoder_sparse_step":
                                   "norm_topk_prob": False, "sharded": False}}
 HEAVY = "heavy_mask"
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 
 
 @pytest.fixture(scope="module")

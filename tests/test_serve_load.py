@@ -24,6 +24,7 @@ CLIENTS, REQUESTS = 16, 64
 LENGTHS = (32, 64, 96)          # max_tokens: one, two or three blocks
 
 
+@pytest.mark.slow
 def test_16_clients_64_requests_each_answer_as_alone(llada_dir):
     prompts = builtin("code").prompts
     work = [(i, prompts[i % len(prompts)], LENGTHS[i % len(LENGTHS)]) for i in range(REQUESTS)]

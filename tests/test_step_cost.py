@@ -16,6 +16,9 @@ DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 MEASURES = ["prob", "margin", "neg_entropy", "random"]
 
 
+pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+
+
 def plain_predict(logits, *, temperature, measure, banned, generator):
     """The straightforward computation: a float64 copy of the whole logits and its softmax, an
     index_fill copy for the banned ids (sampling draws its noise at fp32-or-better, as predict)."""

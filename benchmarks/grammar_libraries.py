@@ -3,7 +3,7 @@
 same tokenizers (tokenizer setup, schema compile, mask + consume per token, checking a run of
 tokens, refusals). Needs both installed (xgrammar is not a fastdllm dependency).
 
-    python scripts/grammar_libraries.py fastdllm/checkpoints/builtin/tiny-code [OTHER_CHECKPOINT_DIR ...]
+    python benchmarks/grammar_libraries.py fastdllm/checkpoints/builtin/tiny-code [OTHER_CHECKPOINT_DIR ...]
 """
 import json, time, sys
 from fastdllm.checkpoints.specials import load_tokenizer
