@@ -1,10 +1,11 @@
-"""Tool calls in `fastdllm serve` (serve/tools.py) on a tiny Dream with its real chat template
-(Qwen's <tool_call> syntax): request checks, rendering and parsing in this process (fast); calls
+"""Tool calls in `fastdllm serve` (serve/tools.py) on a tiny Dream and a tiny LLaDA2 with their real
+chat templates (both write Qwen's <tool_call> syntax): request checks, rendering and parsing in this process (fast); calls
 through the openai client against a real server process (slow lane)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,31 @@ def test_tool_calls_through_the_openai_client(served):
     assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
     assert json.loads(deltas[0].function.arguments) is not None
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def llada2_server(tmp_path_factory):
+    """A tiny LLaDA2 with LLaDA2.1-mini's published chat template (the tiny vocabulary): its tool syntax is
+    Qwen's (`<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`) in its own roles."""
+    from fastdllm.checkpoints.tiny_moe import write_llada2_moe
+
+    path = write_llada2_moe(tmp_path_factory.mktemp("llada2") / "tiny-llada2")
+    published = (Path(__file__).parent / "published_configs" / "inclusionAI__LLaDA2.1-mini.chat_template.jinja").read_text()
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": published}))
+    return Server(loading.load(path, dtype="fp32"), DecodeConfig(gen_len=64, block_len=32), "default", {})
+
+
+def test_llada2_renders_tools_and_a_required_call_decodes_valid(llada2_server):
+    from fastdllm.decode.engine import run
+
+    p = prepare_chat(body(tool_choice="required", model="tiny-llada2"), llada2_server)
+    prompt = llada2_server.lm.tokenizer.decode(p.prompt)
+    assert "<role>SYSTEM</role># Tools" in prompt and '"name": "get_weather"' in prompt
+    result = run(llada2_server.lm.decoder, [p.prompt], p.cfg, constraints=[p.constraint])
+    content, calls = parse_calls(llada2_server.lm.detokenize(result.ids[0]))
+    assert result.complete[0] and len(calls) == 1, result.texts
+    function = calls[0]["function"]
+    assert function["name"] in ("get_weather", "get_time")
+    schema = PARAMS if function["name"] == "get_weather" else TOOLS[1]["function"]["parameters"]
+    jsonschema.validate(json.loads(function["arguments"]), schema)
