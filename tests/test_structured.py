@@ -67,20 +67,25 @@ def families(llada_dir, dream_dir, tmp_path_factory):
     return out
 
 
+def every_mode(lm, compiled, prompt):
+    """((cache, rule, kind), its checker, the Result) for every cache mode x rule x constraint kind."""
+    for cache in ("none", "prefix", "dual"):
+        for rule in ("threshold", "factor"):
+            cfg = DecodeConfig(gen_len=64, block_len=32, cache=cache, rule=rule)
+            for kind, (_, ok) in CHECKS.items():
+                yield (cache, rule, kind), ok, run(lm.decoder, [prompt], cfg, constraints=[compiled[kind]])
+
+
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar", "fast_dllm_v2"])
 def test_every_answer_validates_in_every_cache_mode_and_rule(families, family, one_thread):
     lm, compiled = families[family]
     prompt = lm.encode("Give the answer.", chat=True)
     valid = total = 0
-    for cache in ("none", "prefix", "dual"):
-        for rule in ("threshold", "factor"):
-            cfg = DecodeConfig(gen_len=64, block_len=32, cache=cache, rule=rule)
-            for kind, (_, ok) in CHECKS.items():
-                r = run(lm.decoder, [prompt], cfg, constraints=[compiled[kind]])
-                total += 1
-                valid += r.complete[0] and ok(r.texts[0])
-                assert r.complete == [True] and r.finish_reasons == ["stop"], (cache, rule, kind, r.texts[0])
-                assert ok(r.texts[0]), (cache, rule, kind, r.texts[0])
+    for where, ok, r in every_mode(lm, compiled, prompt):
+        total += 1
+        valid += r.complete[0] and ok(r.texts[0])
+        assert r.complete == [True] and r.finish_reasons == ["stop"], (where, r.texts[0])
+        assert ok(r.texts[0]), (where, r.texts[0])
     print(f"{family}: {valid}/{total} answers valid")
     assert valid == total == 18
 
@@ -194,14 +199,10 @@ def test_more_families_and_the_builtin_model_answer_valid_sentences(family, tmp_
     compiled = {kind: Compiled(Spec(kind, source), lm.tokenizer) for kind, (source, _) in CHECKS.items()}
     prompt = lm.encode("Give the answer.", chat=lm.has_chat_template)
     valid = total = 0
-    for cache in ("none", "prefix", "dual"):
-        for rule in ("threshold", "factor"):
-            cfg = DecodeConfig(gen_len=64, block_len=32, cache=cache, rule=rule)
-            for kind, (_, ok) in CHECKS.items():
-                r = run(lm.decoder, [prompt], cfg, constraints=[compiled[kind]])
-                total += 1
-                valid += bool(r.complete[0] and ok(r.texts[0]))
-                assert r.complete == [True] and ok(r.texts[0]), (cache, rule, kind, r.texts[0])
+    for where, ok, r in every_mode(lm, compiled, prompt):
+        total += 1
+        valid += bool(r.complete[0] and ok(r.texts[0]))
+        assert r.complete == [True] and ok(r.texts[0]), (where, r.texts[0])
     print(f"{family}: {valid}/{total} answers valid")
     assert valid == total == 18
 
