@@ -131,9 +131,13 @@ def simulated(monkeypatch, tmp_path):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
+    real_packing = cpu.packable_dtypes()      # what this process's oneDNN can pack (AVX2-limited in a CI pass)
+
     def as_cpu(flags, bf16_native):
         monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: flags)
         monkeypatch.setattr(cpu, "bf16_native", lambda: bf16_native)
+        # a simulated CPU changes the decision, not the kernels this process can run
+        monkeypatch.setattr(cpu, "packable_dtypes", lambda: real_packing)
     return as_cpu
 
 
