@@ -19,8 +19,10 @@ from test_cli import invoke  # noqa: E402
 from test_eval import TASKS  # noqa: E402
 
 PROMPT = "def add(a, b):"
-# profile -> max_tokens: Prophet's anchor ("The answer is" at offsets 200-202) needs a 256 canvas
-METHODS = {"dus": 64, "dual-dus": 64, "credit": 64, "prophet": 256, "dual-prophet": 256, "dpad": 64, "dkv": 64}
+METHODS = ["dus", "dual-dus", "credit", "prophet", "dual-prophet", "dpad", "dkv"]
+# Prophet's profiles write their anchor ("The answer is") at offsets 200-202 of a 256 canvas; the
+# request and the command move it to 40-42 of 64 (256 one-token steps cost a minute twice here)
+ANCHOR = "40:The|41:answer|42:is"
 
 
 pytestmark = pytest.mark.slow   # processes and servers: the full suite only (tests/conftest.py)
@@ -36,11 +38,12 @@ def server():
 
 @pytest.mark.parametrize("profile", METHODS)
 def test_a_request_decodes_as_generate_with_the_profile(server, profile):
-    n = METHODS[profile]
+    anchor = {"answer_anchor": ANCHOR} if "prophet" in profile else {}
     client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=300)
-    answer = client.completions.create(model="tiny-code", prompt=PROMPT, max_tokens=n,
-                                       extra_body={"fastdllm": {"profile": profile}})
-    r = invoke("generate", "--dtype", "fp64", "--raw", "-P", profile, "-n", n, "--json", PROMPT)
+    answer = client.completions.create(model="tiny-code", prompt=PROMPT, max_tokens=64,
+                                       extra_body={"fastdllm": {"profile": profile, **anchor}})
+    flags = ["--answer-anchor", ANCHOR] if anchor else []
+    r = invoke("generate", "--dtype", "fp64", "--raw", "-P", profile, "-n", 64, *flags, "--json", PROMPT)
     assert r.exit_code == 0, r.stderr
     record = json.loads(r.stdout)
     extra = answer.model_extra["fastdllm"]
