@@ -16,6 +16,7 @@ from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError
 
 from . import parallel
+from .constraint_flags import compile_for, spec_from
 from .model import load_model
 from .options import MODEL_FLAGS, comma_names, model_placement
 from .results import check_writable, save
@@ -77,6 +78,9 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Save a plot (PNG): throughput vs gen_len, speed vs agreement.")] = None,
     list_rows: Annotated[bool, typer.Option("--list", help="List the configurations and exit.")] = False,
     num_processes: Annotated[Optional[int], typer.Option("--num-processes", help="Data parallel: N processes, one per GPU (or sharing the CPU cores), each with its share of every row's batches; as `torchrun --nproc-per-node N -m fastdllm bench ...`.")] = None,
+    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Also run every row under this JSON Schema file (a twin row ROW+json_schema): valid answers, matcher ms per step.", rich_help_panel="Structured output")] = None,
+    regex: Annotated[Optional[str], typer.Option("--regex", help="Also run every row under this regular expression (ROW+regex).", rich_help_panel="Structured output")] = None,
+    grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Also run every row under this Lark grammar file (ROW+grammar).", rich_help_panel="Structured output")] = None,
     model: Annotated[Optional[str], MODEL_FLAGS["model"][1]] = None,
     dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
     device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
@@ -101,6 +105,7 @@ def bench(
 
     # everything a user can get wrong is checked before the model is loaded
     fmt = format_for(output_format, output)
+    spec = spec_from(json_schema, regex, grammar)
     repetitions = bench_rounds.parse(repetitions)
     runner.check_counts(repetitions, warmup)
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
@@ -133,12 +138,20 @@ def bench(
         cases = bench_cases.expand(rows, sweep, model_dir)
     if chosen is not None:
         check_infilling(chosen, cases, chat)
+    if spec is not None:
+        if chosen is not None and chosen.suffixes is not None:
+            raise UsageError("structured output: not combined with infilling prompts (docs/structured-output.md)")
+        cases, refused = bench_cases.with_constraint(cases, spec.kind)
+        left_out += refused
+        if not any(c.constraint for c in cases):
+            raise UsageError(f"structured output: no selected row can decode under a constraint ({refused[0]})")
     for param in bench_cases.SWEPT_PARAMS:
         if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")
 
     world = parallel.join(num_processes, placement)
     lm = load_model(model_dir, **placement)
+    constraint = compile_for(spec, lm)
     if chosen is None:
         chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
     if suite:                                            # and so is one the model refuses
@@ -161,7 +174,7 @@ def bench(
     try:
         with RunProgress(total) as tick:
             parts = runner.measure_share(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
-                                         on_run=tick, share=share)
+                                         on_run=tick, share=share, constraint=constraint)
             for case in cases:                           # in step: every rank's share of a row, then the next
                 shares = world.exchange(lambda: (injected(world, case.name), next(parts))[1])
                 if not world.first:
@@ -174,7 +187,7 @@ def bench(
                 parts.close()
                 del lm, parts
                 for m, answers in zip(measured, _unquantized_answers(model_dir, placement, cases, chosen, chat,
-                                                                     world, tick)):
+                                                                     world, tick, spec)):
                     m.unquantized = answers
                 if output is not None:
                     save(runner.compare(measured), fmt, output, render)
@@ -193,7 +206,7 @@ def bench(
         raise stopped
 
 
-def _unquantized_answers(model_dir, placement: dict, cases, chosen, chat, world, tick) -> list[list[list[int]]]:
+def _unquantized_answers(model_dir, placement: dict, cases, chosen, chat, world, tick, spec) -> list[list[list[int]]]:
     """Every case run once (untimed) on the model loaded unquantized, same dtype and device: the
     answers that each quantized row is compared with (rank 0's list; the others' is empty)."""
     import gc
@@ -207,7 +220,7 @@ def _unquantized_answers(model_dir, placement: dict, cases, chosen, chat, world,
         torch.cuda.empty_cache()
     lm = load_model(model_dir, **{**placement, "quantize": "none"})
     parts = runner.measure_share(lm, cases, chosen, chat=chat, repetitions=1, warmup=0, on_run=tick,
-                                 share=(world.rank, world.size))
+                                 share=(world.rank, world.size), constraint=compile_for(spec, lm))
     answers = []
     for _ in cases:
         shares = world.exchange(lambda: next(parts))

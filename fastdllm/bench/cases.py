@@ -108,6 +108,7 @@ class Case:
     cfg: DecodeConfig
     batch_size: int
     swept_block_len: int | None = None     # the sweep's block_len (None: each row's own)
+    constraint: str | None = None          # structured output: the label of bench's one constraint
 
     @property
     def group(self) -> tuple[int, int | None, int]:
@@ -153,6 +154,29 @@ def expand(rows: list[Row], sweep: Sweep, model_dir: Path | None = None,
             for value in swept_values(sweep, param) or [None]:
                 cases.append(Case(row.name, cfg if value is None else replace(cfg, **{param: value}), batch, block_len))
     return cases
+
+
+def with_constraint(cases: list[Case], label: str) -> tuple[list[Case], list[str]]:
+    """Each case followed by its twin decoding under the constraint (named ROW+LABEL), and the lines
+    for the twins left out: a row whose decoding cannot honour a constraint (engine.refuse_constrained,
+    a renoising sampler)."""
+    from ..decode.engine import refuse_constrained
+
+    out, left_out = [], []
+    for case in cases:
+        out.append(case)
+        twin = replace(case, name=f"{case.name}+{label}", constraint=label)
+        try:
+            if RULES[case.cfg.rule].renoise:
+                raise UsageError("structured output: not combined with a renoising sampler (no masks to commit "
+                                 "left to right; docs/structured-output.md)")
+            refuse_constrained(case.cfg, None, [label], 1)
+        except UsageError as e:
+            if f"{twin.name}: {e}" not in left_out:
+                left_out.append(f"{twin.name}: {e}")
+            continue
+        out.append(twin)
+    return out, left_out
 
 
 def swept_values(sweep: Sweep, param: str | None) -> tuple | None:

@@ -9,15 +9,17 @@ from ..decode.engine import Result, run
 from ..decode.infill import Filling
 
 
-def run_batch(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
-    """One engine run of a batch; an infilling batch is one template, decoded at its holes."""
-    return run(lm.decoder, [f.ids for f in batch], cfg, holes=batch[0].holes or None)
+def run_batch(lm, batch: list[Filling], cfg: DecodeConfig, constraint=None) -> Result:
+    """One engine run of a batch; an infilling batch is one template, decoded at its holes;
+    `constraint` (decode.constraint.Compiled) applies to every row."""
+    return run(lm.decoder, [f.ids for f in batch], cfg, holes=batch[0].holes or None,
+               constraints=[constraint] * len(batch) if constraint is not None else None)
 
 
-def timed_run(lm, batch: list[Filling], cfg: DecodeConfig) -> Result:
+def timed_run(lm, batch: list[Filling], cfg: DecodeConfig, constraint=None) -> Result:
     _sync(lm.device)                 # nothing queued before the clock starts
     _reset_peak_rss(lm.device)
-    result = run_batch(lm, batch, cfg)
+    result = run_batch(lm, batch, cfg, constraint)
     _sync(lm.device)
     return result
 

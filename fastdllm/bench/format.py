@@ -71,6 +71,8 @@ COLUMNS = [
     ("NFE", lambda r: str(r["nfe"]), False),
     ("edits/block", lambda r: None if r.get("edits_per_block") is None else f"{r['edits_per_block']:.1f}", False),
     ("tok/fwd", lambda r: f"{r['tokens_per_forward']:.2f}", False),
+    ("complete", lambda r: None if r.get("constraint_complete") is None else "{}/{}".format(*r["constraint_complete"]), False),
+    ("matcher ms/step", lambda r: None if r.get("matcher_ms_per_step") is None else f"{r['matcher_ms_per_step']:.2f}", False),
     ("same tok", lambda r: None if r["agreement_tokens"] is None else _pct(r["agreement_tokens"]), False),
     ("same ans", lambda r: None if r["agreement_answers"] is None else _pct(r["agreement_answers"]), False),
     ("same tok unquant.", _unquantized, False),

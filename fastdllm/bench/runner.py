@@ -71,19 +71,21 @@ def count_runs(cases: list[Case], n_prompts: int, repetitions: int | str, warmup
 
 def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
             repetitions: int | str = 1, warmup: int = 1,
-            on_run: Callable[[Case, str], None] | None = None) -> Iterator[Measured]:
+            on_run: Callable[[Case, str], None] | None = None, constraint=None) -> Iterator[Measured]:
     """Run every case on every prompt; yield one Measured per case as it finishes (so that an
     interrupted bench keeps its finished rows). Comparisons are added by `compare`."""
-    for part in measure_share(lm, cases, prompt_set, chat=chat, repetitions=repetitions, warmup=warmup, on_run=on_run):
+    for part in measure_share(lm, cases, prompt_set, chat=chat, repetitions=repetitions, warmup=warmup, on_run=on_run,
+                              constraint=constraint):
         yield merge([part])
 
 
 def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
                   repetitions: int | str = 1, warmup: int = 1, on_run: Callable[[Case, str], None] | None = None,
-                  share: tuple[int, int] = (0, 1)) -> Iterator[Share]:
+                  share: tuple[int, int] = (0, 1), constraint=None) -> Iterator[Share]:
     """`measure` for rank `share[0]` of `share[1]` processes: its batches of each case, as a Share.
     Warm-ups first, then rounds of the cases (rounds.py: a fixed count, or `auto`); a case's Share
-    is yielded once it runs no more rounds (in case order)."""
+    is yielded once it runs no more rounds (in case order). `constraint` (decode.constraint.Compiled):
+    what the cases with a `constraint` label decode under."""
     check_counts(repetitions, warmup)
     inputs = prepare(lm, cases, prompt_set, chat)
     shared = conditions(lm, prompt_set, chat, repetitions, warmup)
@@ -98,7 +100,7 @@ def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | 
         if mine and _warm_key(case) not in warmed:        # lazy init (kernels, allocator, weight packing)
             warmed.add(_warm_key(case))
             for _ in range(warmup):
-                _run(lm, batches[mine[0]], case.cfg)
+                _run(lm, batches[mine[0]], case.cfg, constraint if case.constraint else None)
                 if on_run:
                     on_run(case, "warm-up")
     reps = [[] for _ in plans]                              # per case, per repetition: its Results
@@ -123,7 +125,7 @@ def measure_share(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | 
             case, batches, mine = plans[k]
             reps[k].append([])
             for i in mine:
-                reps[k][-1].append(_timed_run(lm, batches[i], case.cfg))
+                reps[k][-1].append(_timed_run(lm, batches[i], case.cfg, constraint if case.constraint else None))
                 if on_run:
                     on_run(case, f"rep {r}/{fixed}" if fixed else f"rep {r}")
             if fixed:                                       # a fixed count: a case is done after its last run
@@ -192,6 +194,7 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         # token editing: written tokens overwritten, per block of each row
         "edits_per_block": round(sum(r.edits for r in first) / max(sum(r.blocks_decoded * r.batch for r in first), 1), 2)
         if cfg.edit_threshold is not None else None,
+        **_constraint_fields(case, first),
         "agreement_tokens": None, "agreement_answers": None,
         "agreement_unquantized_tokens": None, "agreement_unquantized_answers": None,
         "quality": _round(prompt_set.quality(texts)), "quality_metric": prompt_set.quality_metric,
@@ -206,6 +209,16 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         "repetitions": len(reps), "repetitions_asked": shared["repetitions"],   # rounds.py: auto varies per row
     }
     return Measured(record, [ids for r in first for ids in r.ids])
+
+
+def _constraint_fields(case: Case, first: list[Result]) -> dict:
+    """Structured output: the constraint's label, how many answers completed their sentence (each
+    valid by construction; the others the length cut) and the matcher's ms per forward."""
+    if case.constraint is None:
+        return {"constraint": None, "constraint_complete": None, "matcher_ms_per_step": None}
+    done = [c for r in first for c in (r.complete or [None] * r.batch)]
+    return {"constraint": case.constraint, "constraint_complete": [sum(c is True for c in done), len(done)],
+            "matcher_ms_per_step": round(1e3 * sum(r.matcher_seconds for r in first) / max(sum(r.nfe for r in first), 1), 3)}
 
 
 def conditions(lm, prompt_set: PromptSet, chat: bool | None, repetitions: int | str, warmup: int) -> dict:
@@ -262,7 +275,7 @@ def compare(measured: list[Measured]) -> list[dict]:
 
 def _warm_key(case: Case) -> tuple:
     """Warm-up depends on the code path and shapes, not on the commit rule."""
-    return case.cfg.cache, case.cfg.gen_len, case.cfg.block_len, case.batch_size
+    return case.cfg.cache, case.cfg.gen_len, case.cfg.block_len, case.batch_size, case.constraint
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
