@@ -18,7 +18,8 @@ from fastdllm.checkpoints import loading  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.serve.protocol import prepare_chat  # noqa: E402
 from fastdllm.serve.requests import ApiError, Server  # noqa: E402
-from fastdllm.serve.tools import parse_calls  # noqa: E402
+from fastdllm.serve.responses import Chunker  # noqa: E402
+from fastdllm.serve.tools import GEMMA4, QWEN, parse_calls, syntax_of, tools_of  # noqa: E402
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -84,6 +85,48 @@ def test_calls_are_parsed_out_of_the_answer():
     assert parse_calls("no calls here") == ("no calls here", [])
 
 
+def test_gemma4_calls_are_parsed_out_of_the_answer():
+    """Gemma-4's syntax as transformers' response template for gemma4 reads it: call:NAME, bare keys,
+    strings between <|"|> (which may hold commas, colons and braces)."""
+    q = '<|"|>'
+    text = (f'Checking.<|tool_call>call:get_weather{{city:{q}Paris, FR: {{x}}{q},days:2,opts:{{units:[{q}c{q},1]}},'
+            f'ok:true}}<tool_call|><|tool_call>call:get_time{{}}<tool_call|><|tool_call>call:broken{{city:{q}x}}<tool_call|>')
+    content, calls = parse_calls(text, GEMMA4)
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris, FR: {x}", "days": 2,
+                                                             "opts": {"units": ["c", 1]}, "ok": True}
+    assert calls[1]["function"]["arguments"] == "{}"
+    assert content == f"Checking.<|tool_call>call:broken{{city:{q}x}}<tool_call|>"
+    assert parse_calls(text, QWEN) == (text, [])                # each syntax parses its own calls only
+
+
+def test_the_template_names_the_syntax_and_gemma4_takes_auto_only():
+    llada21 = (Path(__file__).parent / "published_configs" / "inclusionAI__LLaDA2.1-mini.chat_template.jinja").read_text()
+    gemma = "{%- if tools %}{% for t in tools %}...{% endfor %}{% endif %}{{ '<|tool_call>' }}"   # the markers only
+    assert syntax_of(llada21) is QWEN and syntax_of(gemma) is GEMMA4 and syntax_of("{{ messages }}") is None
+    assert tools_of(TOOLS, "auto", gemma).syntax is GEMMA4
+    with pytest.raises(ApiError, match="needs a grammar for Gemma-4") as e:
+        tools_of(TOOLS, "required", gemma)
+    assert e.value.status == 400 and e.value.param == "tool_choice"
+
+
+def test_streamed_calls_come_as_openai_sends_them():
+    """Per call: a delta with id, type, name and empty arguments, then one with the arguments; joined
+    by index (as the openai client does) they are the whole calls."""
+    calls = [{"id": "call_a", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+             {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"days": 2}'}}]
+    chunker = Chunker(True, "job", "m", type("P", (), {"include_usage": False})(), 0)
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunker.calls(calls)]
+    assert [set(d) for d in deltas] == [{"index", "id", "type", "function"}, {"index", "function"}] * 2
+    joined: dict = {}
+    for d in deltas:
+        seen = joined.setdefault(d["index"], {"id": None, "type": None, "function": {"name": "", "arguments": ""}})
+        seen["id"], seen["type"] = d.get("id", seen["id"]), d.get("type", seen["type"])
+        for k, v in d["function"].items():
+            seen["function"][k] += v
+    assert [joined[i] for i in (0, 1)] == calls
+
+
 @pytest.fixture(scope="module")
 def served(dream_dir):
     from serve_process import ServerProcess
@@ -110,12 +153,12 @@ def test_tool_calls_through_the_openai_client(served):
                       {"role": "tool", "tool_call_id": c.message.tool_calls[0].id, "content": "sunny"}]
     r = client.chat.completions.create(model="tiny-dream", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=32)
     assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
-    # streamed: the call comes as a tool_calls delta, then finish_reason tool_calls
+    # streamed: the call comes as OpenAI's two tool_calls deltas (name, then arguments), then finish_reason tool_calls
     chunks = list(client.chat.completions.create(model="tiny-dream", messages=ASK, tools=TOOLS, max_tokens=64,
                                                  tool_choice="required", stream=True))
     deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
-    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
-    assert json.loads(deltas[0].function.arguments) is not None
+    assert [d.index for d in deltas] == [0, 0] and deltas[0].id.startswith("call_") and deltas[0].function.name
+    assert deltas[0].function.arguments == "" and json.loads(deltas[1].function.arguments) is not None
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

@@ -147,8 +147,8 @@ def create_app(lm, scheduler, *, base_cfg, profile_name: str, cli_flags: dict, a
                         content, found, finish = answer_calls(update.text, finish, prepared)
                         if content:
                             yield sse(chunk.text(content))
-                        if found:
-                            yield sse(chunk.calls(found))
+                        for part in chunk.calls(found):
+                            yield sse(part)
                     yield sse(chunk.last(finish))
                     if prepared.include_usage:
                         yield sse(chunk.usage(update))

@@ -62,7 +62,7 @@ def answer_calls(text: str, finish: str, prepared: Prepared) -> tuple[str | None
     finish_reason "tool_calls" for a whole answer that holds some."""
     if not parses_calls(prepared):
         return text, [], finish
-    content, calls = parse_calls(text)
+    content, calls = parse_calls(text, prepared.tools.syntax)
     return content, calls, "tool_calls" if calls and finish == "stop" else finish
 
 
@@ -100,10 +100,19 @@ class Chunker:
     def text(self, text: str) -> dict:
         return self._chunk([self._choice(text)])
 
-    def calls(self, calls: list[dict]) -> dict:
-        """The tool calls, whole, as OpenAI's deltas carry them (an index each)."""
-        deltas = [{"index": i, **c} for i, c in enumerate(calls)]
-        return self._chunk([{"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}])
+    def calls(self, calls: list[dict]) -> list[dict]:
+        """The tool calls as OpenAI streams them: per call (an index each), a delta with its id, type,
+        name and empty arguments, then one with the arguments (sent once the answer is whole: a
+        diffusion answer is not final left to right)."""
+        def chunk(delta: dict) -> dict:
+            return self._chunk([{"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": None, "finish_reason": None}])
+
+        out = []
+        for i, c in enumerate(calls):
+            out.append(chunk({"index": i, "id": c["id"], "type": c["type"],
+                              "function": {"name": c["function"]["name"], "arguments": ""}}))
+            out.append(chunk({"index": i, "function": {"arguments": c["function"]["arguments"]}}))
+        return out
 
     def last(self, finish_reason: str) -> dict:
         return self._chunk([self._choice(finish=finish_reason)])

@@ -1,9 +1,10 @@
-"""Tool calls (OpenAI `tools`, `tool_choice`) for chat templates that write Qwen's `<tool_call>`
-syntax (Qwen3, SDAR, TraDo, Dream: docs/structured-output.md 7). The tools are rendered by the
-checkpoint's own template (`apply_chat_template(tools=...)`); `required` and a named function
-constrain the answer to one call whose arguments follow the function's parameter schema (a Lark
-grammar with the schema inside, decode/constraint.py); `auto` parses whatever calls the answer
-holds; `none` parses nothing. Torch-free."""
+"""Tool calls (OpenAI `tools`, `tool_choice`) for chat templates that write one of two call
+syntaxes (docs/structured-output.md 7): Qwen's `<tool_call>{json}</tool_call>` (Qwen3, SDAR,
+TraDo, Dream, LLaDA2.x) and Gemma-4's `<|tool_call>call:NAME{args}<tool_call|>`. The tools are
+rendered by the checkpoint's own template (`apply_chat_template(tools=...)`); with Qwen's syntax
+`required` and a named function constrain the answer to one call whose arguments follow the
+function's parameter schema (a Lark grammar with the schema inside, decode/constraint.py); `auto`
+parses whatever calls the answer holds; `none` parses nothing. Torch-free."""
 
 from __future__ import annotations
 
@@ -15,14 +16,64 @@ from typing import Any
 
 from .requests import ApiError
 
-CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 JSON_FORM = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+QUOTE = '<|"|>'                 # Gemma-4's string delimiter inside a call's arguments
+
+
+@dataclass(frozen=True)
+class Syntax:
+    """How a family's template writes a call: `marker` opens one (and names the syntax in the
+    template), `call` matches one whole call (groups: the name, where outside the body, and the body)."""
+    name: str
+    marker: str
+    call: re.Pattern
+    constrainable: bool          # a grammar for `required` / a named function exists
+
+    def parse(self, m: re.Match) -> tuple[str, Any] | None:
+        """(name, arguments) of a matched call, None where its body does not parse."""
+        try:
+            if self is QWEN:
+                call = json.loads(m.group("body"))
+                if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                    return None
+                return call["name"], call.get("arguments", {})
+            return m.group("name"), gemma_arguments(m.group("body"))
+        except (json.JSONDecodeError, ValueError):
+            return None
+
+
+QWEN = Syntax("Qwen's <tool_call>", "<tool_call>",
+              re.compile(r"<tool_call>\s*(?P<body>\{.*?\})\s*</tool_call>", re.DOTALL), True)
+# transformers' response template for gemma4 (cli/serving/utils.py): call:NAME then an object whose
+# keys are bare and whose strings are delimited by <|"|>
+GEMMA4 = Syntax("Gemma-4's <|tool_call>", "<|tool_call>",
+                re.compile(r"<\|tool_call>call:(?P<name>\w+)(?P<body>\{.*?\})<tool_call\|>", re.DOTALL), False)
+SYNTAXES = (GEMMA4, QWEN)       # Gemma-4's marker holds Qwen's text: checked first
+
+
+def gemma_arguments(body: str) -> dict:
+    """Gemma-4's arguments `{city:<|"|>Paris<|"|>,days:2}` as a dict: strings re-quoted as JSON,
+    bare keys quoted; ValueError when the result is not one JSON object."""
+    parts = body.split(QUOTE)
+    if len(parts) % 2 == 0:
+        raise ValueError("an unclosed string")
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:                                    # inside a string
+            out.append(json.dumps(part))
+        else:
+            out.append(re.sub(r"([{,]\s*)([A-Za-z_][\w.-]*)(\s*):", r'\1"\2"\3:', part))
+    value = json.loads("".join(out))
+    if not isinstance(value, dict):
+        raise ValueError("not an object")
+    return value
 
 
 @dataclass(frozen=True)
 class Tools:
     functions: tuple[dict, ...]     # each {"name", "description"?, "parameters"?}
     choice: str                     # "auto" | "none" | "required" | a function's name
+    syntax: Syntax = QWEN           # how the template writes a call
 
     def for_template(self) -> list[dict]:
         return [{"type": "function", "function": f} for f in self.functions]
@@ -79,28 +130,36 @@ def tools_of(tools: Any, tool_choice: Any, template: str | None) -> Tools | None
         choice = named
     elif choice not in ("auto", "none", "required"):
         raise ApiError(400, "tool_choice: expected 'auto', 'none', 'required' or a named function", param="tool_choice")
-    if not template or "tools" not in template or "<tool_call>" not in template:
-        raise ApiError(400, "tools: this model's chat template does not render tools in the <tool_call> syntax",
-                       param="tools")
-    return Tools(tuple(functions), choice)
+    syntax = syntax_of(template)
+    if syntax is None:
+        raise ApiError(400, "tools: this model's chat template does not render tools in a call syntax fastdllm "
+                       "parses (Qwen's <tool_call>, Gemma-4's <|tool_call>)", param="tools")
+    if choice not in ("auto", "none") and not syntax.constrainable:
+        raise ApiError(400, f"tool_choice: {choice!r} needs a grammar for {syntax.name} calls, which fastdllm does "
+                       "not have yet (use 'auto': its calls are parsed)", param="tool_choice")
+    return Tools(tuple(functions), choice, syntax)
 
 
-def parse_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content left outside the calls or None, OpenAI tool_calls) of an answer: each
-    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` that parses; the rest stays content."""
+def syntax_of(template: str | None) -> Syntax | None:
+    """The call syntax a chat template renders tools in, None when it renders no tools."""
+    if not template or "tools" not in template:
+        return None
+    return next((s for s in SYNTAXES if s.marker in template), None)
+
+
+def parse_calls(text: str, syntax: Syntax = QWEN) -> tuple[str | None, list[dict]]:
+    """(content left outside the calls or None, OpenAI tool_calls) of an answer: each call in the
+    syntax whose body parses; the rest stays content."""
     calls, kept, last = [], [], 0
-    for m in CALL.finditer(text):
-        try:
-            call = json.loads(m.group(1))
-        except json.JSONDecodeError:
+    for m in syntax.call.finditer(text):
+        parsed = syntax.parse(m)
+        if parsed is None:
             continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            continue
+        name, arguments = parsed
         kept.append(text[last:m.start()])
         last = m.end()
-        arguments = call.get("arguments", {})
         calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": call["name"],
+                      "function": {"name": name,
                                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
     content = ("".join(kept) + text[last:]).strip()
     return (content or None) if calls else text, calls
