@@ -59,6 +59,8 @@ def test_rows_are_the_methods_profiles(llada_dir):
         "dual+parallel+dpad": ("dual", "threshold", 32, False, False, 256),
         "dkv": ("dkv", "fixed", 64, False, False, None),
         "dkv+parallel": ("dkv", "threshold", 64, False, False, None),
+        "local-leap": ("none", "local_leap", 32, False, False, None),
+        "dual+local-leap": ("dual", "local_leap", 32, False, False, None),
     }
     assert by["dpad"].total_steps == by["prophet"].total_steps == 256          # one token a step
     assert {c.group for c in cases} == {(256, None, 1)}                         # one baseline for all
@@ -86,7 +88,8 @@ def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     lm = loading.load(path, dtype="fp32")
     kept, left_out = applicable(lm, cases, prompts.builtin("code").take(1), False)
     assert [c.name for c in kept] == ["baseline", "dual+parallel", "dual+factor", "sdar", "dus", "dual+dus",
-                                      "credit", "dual+dinfer", "dual+credit", "dual+parallel+credit"]
+                                      "credit", "dual+dinfer", "dual+credit", "dual+parallel+credit",
+                                      "local-leap", "dual+local-leap"]
     dpad = "dpad drops attention to the masked suffix; tiny-sdar attends block-causally and never sees it"
     dkv = ("cache dkv delays caching of decoded tokens under bidirectional attention; tiny-sdar's finished "
            "blocks are already final (use prefix)")

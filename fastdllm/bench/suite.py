@@ -39,6 +39,8 @@ ACCELERATORS = [
     ("dual+parallel+dpad", "dpad", {"cache": "dual"}, "DPad on DualCache + threshold 0.9"),
     ("dkv", "dkv", {}, "dKV-Cache-Decode as its README runs it (blocks of 64, one token a step, refresh every 8)"),
     ("dkv+parallel", "dkv", PARALLEL, "dKV-Cache with Fast-dLLM's threshold 0.9"),
+    ("local-leap", "local-leap", {}, "LocalLeap alone (no cache, one anchor a step, leaps of 4 at 0.9 / 0.75)"),
+    ("dual+local-leap", "local-leap", {"cache": "dual"}, "LocalLeap's anchors and leaps on DualCache"),
 ]
 SUITES = {"accelerators": ACCELERATORS}
 # what a suite runs unless told otherwise (section 8: GSM8K-style prompts, so that Prophet's anchor

@@ -31,7 +31,8 @@ class Rule:
     renoise: bool = False                 # a renoising sampler's acceptance (DiffusionGemma), not a commit rule
     whole_canvas: bool = False            # defined over one global canvas: block_len is gen_len (RND1)
     bound: str | None = None              # a second number per candidate its count reads ("entropy";
-                                          # "level": DUS's planned order, which also ranks the candidates)
+                                          # "level": DUS's planned order, which also ranks the candidates;
+                                          # "position": the canvas positions LocalLeap's radius reads)
     fills_last_step: bool = False         # commits whatever is left at step S (selection.block_schedule)
 
 
@@ -103,6 +104,13 @@ def _dilated(sorted_conf, cfg, scheduled, sorted_level):
     return ((sorted_level == sorted_level[:, :1]) & (sorted_conf > float("-inf"))).sum(-1)
 
 
+def _local_leap(sorted_conf, cfg, scheduled, sorted_position):
+    # LocalLeap (local_leap.py): select() ranks the anchors and their leaps first, by leap_key
+    from .local_leap import leap_count
+
+    return leap_count(sorted_conf)
+
+
 def _steps_text(steps: int, gen_len: int) -> str:
     return "1/step" if steps == gen_len else f"{steps} steps"
 
@@ -160,6 +168,12 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "DUS: one step per level of the block's coarse-to-fine dilated order (strides block_len / "
          "dilation_base**dilation_skip down to 1), a whole level at once; steps unused (docs/accelerators.md 6.3)",
          bound="level"),
+    Rule("local_leap", "leap_neighbor", _local_leap, lambda cfg: cfg.leap_neighbor,
+         lambda v, n: f"local leap {v:g}", lambda v, n: f"LL{v:g}",
+         "LocalLeap: the fixed schedule's most confident candidates (anchors), and every candidate within "
+         "leap_radius of an anchor with confidence >= leap_anchor whose own confidence is >= leap_neighbor "
+         "(docs/accelerators.md 7)",
+         scheduled=True, needs_probability=True, bound="position"),
 ]}
 
 

@@ -12,7 +12,9 @@ from typing import Sequence
 
 import torch
 
+from ..errors import UserError
 from .config import DecodeConfig
+from .local_leap import leap_key
 from .rules import RULES
 
 
@@ -210,6 +212,10 @@ def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
     bound (B, K): the rule's second number per candidate, where it has one (Rule.bound)."""
     if RULES[cfg.rule].bound == "level" and bound is not None:   # DUS: a planned order, by level then position
         confidence = -bound.to(confidence.dtype)                   # (columns are in position order; stable sort)
+    elif RULES[cfg.rule].bound == "position":                      # LocalLeap: anchors and their leaps first
+        if bound is None or scheduled is None:
+            raise UserError("rule local_leap: select was given no candidate positions or schedule")
+        confidence = leap_key(confidence, candidate, bound, scheduled, cfg)
     elif RULES[cfg.rule].by_position:      # candidates come in position order: rank by index
         confidence = -torch.arange(confidence.shape[-1], device=confidence.device, dtype=confidence.dtype).expand_as(confidence)
     conf = confidence.masked_fill(~candidate, float("-inf"))

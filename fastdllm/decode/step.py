@@ -48,6 +48,7 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     kind = RULES[cfg.rule].bound
     bound = (entropy_of(logits, cfg.temperature) if kind == "entropy" else                       # RND1's eb_gamma
              torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device) if kind == "level"
+             else pos_dev[:, :order.shape[1]] if kind == "position"                               # LocalLeap's radius
              else None)                                                                           # DUS's levels
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)
     if check is not None:                               # an exiting row commits every mask it has
