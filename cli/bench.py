@@ -73,7 +73,7 @@ def bench(
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
     repetitions: Annotated[str, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable). auto: 2 of every row, then up to 5 for a row whose speed-up is still unreliable (and its baseline).")] = "auto",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of the first batch per cache mode and shape.")] = 1,
-    output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv.")] = None,
+    output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv | html (the table and a speed-up against agreement scatter, one point per row).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Save a plot (PNG): throughput vs gen_len, speed vs agreement.")] = None,
     list_rows: Annotated[bool, typer.Option("--list", help="List the configurations and exit.")] = False,

@@ -129,3 +129,24 @@ def test_cli_suite_table_json_and_csv(llada_dir, tmp_path):
     assert [(r["config"], r["rule"], r["agreement_tokens"] != "") for r in rows] == [
         ("baseline", "fixed", True), ("dual+dus", "dilated", True)]
     assert rows[0]["prompt_set"] == "math"                                     # the suite's prompt set
+
+
+def test_the_suite_writes_an_html_page_with_one_scatter_point_per_row(llada_dir, tmp_path):
+    import base64
+    import re
+
+    from fastdllm.bench.format_html import scatter_points
+
+    out = tmp_path / "s.html"
+    run = CliRunner().invoke(app, ["bench", "--suite", "accelerators", "-m", str(llada_dir), "-n", "32",
+                                   "-c", "baseline,dual+dus,local-leap,prophet", "--n-prompts", "1", "--raw", "-r", "1",
+                                   "--warmup", "0", "--output", str(out)], catch_exceptions=False)
+    assert run.exit_code == 0, run.stderr
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and page.count("<tr>") == 1 + 3          # the header and three rows
+    assert "<h2>left out</h2>" in page and "prophet at gen_len 32" in page
+    png = base64.b64decode(re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1))
+    assert png.startswith(b"\x89PNG")
+    records = [{"config": c, "gen_len": 32, "speedup": s, "agreement_tokens": a}
+               for c, s, a in (("baseline", 1.0, 1.0), ("dus", 3.0, 0.5), ("dkv", None, None))]
+    assert scatter_points(records) == [("baseline", 1.0, 1.0), ("dus", 0.5, 3.0)]     # rows without a baseline: none

@@ -14,8 +14,8 @@ from ..errors import UsageError, UserError
 from ..units import human_bytes
 from .cases import SPREAD_LIMIT
 
-FORMATS = ("table", "md", "json", "jsonl", "csv")
-SUFFIXES = {".md": "md", ".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "table"}
+FORMATS = ("table", "md", "json", "jsonl", "csv", "html")
+SUFFIXES = {".md": "md", ".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "table", ".html": "html"}
 
 
 def format_for(name: str | None, path: Path | None) -> str:
@@ -166,6 +166,10 @@ def render(records: list[dict], fmt: str, width: int = 200, left_out: list[str] 
         return out.getvalue()
     if fmt == "md":
         return markdown(records, left_out)
+    if fmt == "html":                         # format_html.py: the table and the speed/agreement scatter
+        from .format_html import page
+
+        return page(records, list(left_out), *cells(records))
     from rich.console import Console
 
     console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
