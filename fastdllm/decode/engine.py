@@ -30,7 +30,7 @@ from .constraint import Compiled, RowConstraints
 from .credit import CreditTrace
 from .decoder import Decoder
 from .device_step import DeviceStep
-from .editing import BlockRows, refuse_editing
+from .editing import BlockRows, refuse_editing, refuse_partial_routing
 from .events import (
     BlockEvent,
     Event,
@@ -109,6 +109,7 @@ class Batch:
                             f"{decoder.name}'s finished blocks are already final (use prefix)")
         if cfg.edit_threshold is not None:
             refuse_editing(decoder, self.causal)
+        refuse_partial_routing(decoder, cfg)
         if holes is not None:
             if len(prompts) != 1 or gen_lens is not None:
                 raise ValueError("infilling decodes one template row at a time")
