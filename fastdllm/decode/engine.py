@@ -65,6 +65,12 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
             constraints: list[Compiled | None] | None = None):
     """The stepper of this model's decoder, with the same events and result: the mask loop (Batch),
     or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
+    if cfg.indel:
+        if holes is not None or (constraints and any(constraints)):
+            raise UserError("indel moves tokens inside a block: not combined with infilling or structured output")
+        from .indel import InDelBatch
+
+        return InDelBatch(decoder, prompts, cfg, gen_lens)
     if getattr(decoder.model, "sampler", "mask") != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes, constraints)
     if constraints and any(constraints):

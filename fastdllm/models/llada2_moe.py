@@ -31,7 +31,13 @@ LLADA2_KEYS = dict(vocab_size=30592, hidden_size=1024, intermediate_size=None, n
                    num_experts=16, num_experts_per_tok=2, n_group=8, topk_group=4, num_shared_experts=0,
                    first_k_dense_replace=0, routed_scaling_factor=2.5, moe_intermediate_size=None,
                    use_qkv_bias=False, use_bias=True, use_qk_norm=True, norm_head=False, mask_token_id=None,
-                   initializer_range=0.02, expert_capacity=None, block_size=None)
+                   initializer_range=0.02, expert_capacity=None, block_size=None, delete_token_id=None,
+                   split_token_id=None)
+
+
+def token_id(value, raw) -> bool:
+    """LLaDA2.2's edit tokens (docs/llada2-2.md §3): absent, null or a token id."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
 def rotary_dims_agree(value, raw) -> bool:
@@ -73,8 +79,8 @@ class LLaDA2MoeConfig(PretrainedConfig):
         Switch("expert_capacity", lambda v, raw: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
                "LLaDA2.2's block routing: each block keeps expert_capacity experts"),
         Switch("block_size", (None, 32), "a routing block other than the attention's 32"),
-        Switch("delete_token_id", (None,), "LLaDA2.2's insert/delete editing"),
-        Switch("split_token_id", (None,), "LLaDA2.2's insert/delete editing"),
+        Switch("delete_token_id", token_id, "LLaDA2.2's insert/delete editing"),
+        Switch("split_token_id", token_id, "LLaDA2.2's insert/delete editing"),
         Switch("rope_scaling", (None,), "a scaled rotary embedding (transformers' rope_type)"),
         Switch("hidden_act", ("silu",), "another activation in every MLP"),
         Switch("norm_head", (False, None), "an L2-normalised head (SGLang)"),

@@ -1,0 +1,124 @@
+"""LLaDA2.2's insert/delete decoding (docs/llada2-2.md §3) against the independent float64
+transcription tests/reference_indel.py, step by step: masks committed, tokens edited, DELETE and
+SPLIT positions, the block after the edits, block ends, NFE; under every cache mode, prompts on and
+off the block grid, a batch against its rows alone. The fixture makes deletions, insertions and the
+anti-loop rule happen: its DELETE and SPLIT head rows are slightly scaled copies of the rows of two
+words the model predicts often, so each wins where its word would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import reference_indel as indel_ref
+import reference_moe as ref
+import torch
+from mask_heavy import often_predicted_word
+from safetensors.torch import load_file, save_file
+from test_moe import prompt_of
+
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.tiny_moe import write_llada2_2
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
+from fastdllm.decode.events import StepEvent
+from fastdllm.errors import UserError
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
+
+DELETE, SPLIT = 3990, 3991
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = write_llada2_2(tmp_path_factory.mktemp("ckpt") / "llada2.2", delete_token_id=DELETE, split_token_id=SPLIT)
+    lm = loading.load(path, dtype="fp64")
+    canvas = prompt_of(5, seed=5) + [lm.specials.mask] * 32
+    words = [often_predicted_word(lm, canvas, rank) for rank in (1, 2)]
+    for shard in sorted(path.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        if "lm_head.weight" in tensors:
+            head = tensors["lm_head.weight"]
+            head[DELETE], head[SPLIT] = head[words[0]] * 1.02, head[words[1]] * 1.02
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+    lm = loading.load(path, dtype="fp64")
+    ref.BANNED[:] = [lm.specials.mask]
+    yield lm, ref.NaiveLLaDA2(path)
+    ref.BANNED[:] = []
+
+
+def config(threshold=0.5, edit=0.0, post=16, cache="prefix", gen_len=32) -> DecodeConfig:
+    return DecodeConfig(gen_len=gen_len, block_len=32, rule="dynamic", threshold=threshold, edit_threshold=edit,
+                        max_post_steps=post, cache=cache, early_stop=False, indel=True)
+
+
+def decode(lm, prompts, cfg):
+    """Per row its steps as (committed, edited, deleted, inserted, block after) in block offsets."""
+    events = []
+    result = run(lm.decoder, prompts, cfg, on_event=lambda e: events.append(e) if isinstance(e, StepEvent) else None)
+    steps, stores = [[] for _ in prompts], sum(e.step < 0 for e in events)
+    for e in (e for e in events if e.step >= 0):
+        for row in range(len(prompts)):
+            if not (e.committed[row].any() or e.edited[row].any()):
+                continue
+            at = lambda f: [int(i) for i in f[row].nonzero().flatten()]          # noqa: E731
+            steps[row].append((at(e.committed), at(e.edited), at(e.deleted), at(e.inserted), e.tokens[row].tolist()))
+    return steps, stores, result
+
+
+def reference(lm, naive, prompt, threshold=0.5, edit=0.0, post=16, gen_len=32):
+    return indel_ref.indel_generate(naive, prompt, mask_id=lm.specials.mask, eos_id=lm.specials.stops[0],
+                                    delete_id=DELETE, split_id=SPLIT, gen_length=gen_len, threshold=threshold,
+                                    edit_threshold=edit, max_post_steps=post)
+
+
+def expected(trace):
+    return [([i for i, _ in s.committed], [i for i, _ in s.edited], s.deleted, s.split, s.after) for s in trace.steps]
+
+
+CASES = [(5, 0.5, 0.0, 16, 32), (32, 0.5, 0.0, 16, 32), (33, 0.7, 0.5, 4, 64), (63, 0.5, 0.0, 1, 32),
+         (40, 0.9, 0.9, 0, 32)]
+
+
+@pytest.mark.parametrize("length, threshold, edit, post, gen_len", CASES)
+def test_indel_decodes_as_the_reference(model, length, threshold, edit, post, gen_len):
+    lm, naive = model
+    prompt = prompt_of(length, seed=length)
+    trace = reference(lm, naive, prompt, threshold, edit, post, gen_len)
+    for cache in ("prefix", "none", "dual"):
+        steps, stores, result = decode(lm, [prompt], config(threshold, edit, post, cache, gen_len))
+        assert steps[0] == expected(trace), cache
+        assert result.canvas[0].tolist() == trace.canvas[length:length + result.canvas.shape[1]]
+        assert result.nfe == trace.nfe + stores
+
+
+def test_the_cases_make_deletions_insertions_and_the_anti_loop_happen(model):
+    lm, naive = model
+    traces = [reference(lm, naive, prompt_of(n, seed=n), t, e, p, g) for n, t, e, p, g in CASES]
+    steps = [s for tr in traces for s in tr.steps]
+    assert sum(len(s.deleted) for s in steps) > 0 and sum(len(s.split) for s in steps) > 0
+    assert any(s.looped is not None for s in steps) and any(s.edited for s in steps)
+    ends = [end for tr in traces for end in tr.ends.values()]
+    assert "done" in ends and "forced" in ends
+
+
+def test_batch_equals_rows_alone(model):
+    lm, _ = model
+    prompts = [prompt_of(n, seed=n) for n in (5, 40, 33)]
+    batch = decode(lm, prompts, config())
+    for row, prompt in enumerate(prompts):
+        alone = decode(lm, [prompt], config())
+        assert batch[0][row] == alone[0][0]
+        assert batch[2].canvas[row, :alone[2].canvas.shape[1]].tolist() == alone[2].canvas[0].tolist()
+
+
+def test_refusals(model, tmp_path):
+    lm, _ = model
+    with pytest.raises(Exception, match="indel: set edit_threshold"):
+        DecodeConfig(indel=True)
+    with pytest.raises(UserError, match="greedy"):
+        run(lm.decoder, [prompt_of(5)], DecodeConfig(gen_len=32, indel=True, edit_threshold=0.0, temperature=0.5))
+    plain = write_llada2_2(tmp_path / "no-edit-tokens")
+    assert "delete_token_id" not in json.loads((plain / "config.json").read_text())
+    with pytest.raises(UserError, match="names no delete_token_id"):
+        run(loading.load(plain, dtype="fp64").decoder, [prompt_of(5)], config())
