@@ -49,10 +49,7 @@ class InDelTrace:
     steps: list = field(default_factory=list)
     ends: dict = field(default_factory=dict)          # block -> "done" | "forced"
     blocks: list = field(default_factory=list)
-
-    @property
-    def nfe(self) -> int:
-        return len(self.steps)
+    nfe: int = 0                                       # forwards, the last one of a "done" block included
 
 
 def _ranked(logits_row, excluded=()):
@@ -77,6 +74,7 @@ def indel_generate(naive, prompt, *, mask_id, eos_id, delete_id, split_id, gen_l
         post, seen, history, step = 0, set(), {}, 0
         while True:
             logits = naive.forward(x[:e], "block-causal", block_length=B, rows=range(s, e))
+            tr.nfe += 1
             probs = torch.softmax(logits, -1)
             x0 = [_ranked(logits[i]) for i in range(B)]
             p = [float(probs[i, x0[i]]) for i in range(B)]

@@ -76,8 +76,8 @@ def expected(trace):
     return [([i for i, _ in s.committed], [i for i, _ in s.edited], s.deleted, s.split, s.after) for s in trace.steps]
 
 
-CASES = [(5, 0.5, 0.0, 16, 32), (32, 0.5, 0.0, 16, 32), (33, 0.7, 0.5, 4, 64), (63, 0.5, 0.0, 1, 32),
-         (40, 0.9, 0.9, 0, 32)]
+CASES = [(5, 0.5, 0.0, 16, 32), (32, 0.5, 0.0, 16, 32), (33, 0.7, 0.5, 4, 64), (63, 0.5, 0.0, 16, 32), (20, 0.5, 0.3, 1, 32),
+         (40, 0.9, 0.9, 0, 32), (63, 0.5, 0.3, 16, 32)]
 
 
 @pytest.mark.parametrize("length, threshold, edit, post, gen_len", CASES)
@@ -122,3 +122,46 @@ def test_refusals(model, tmp_path):
     assert "delete_token_id" not in json.loads((plain / "config.json").read_text())
     with pytest.raises(UserError, match="names no delete_token_id"):
         run(loading.load(plain, dtype="fp64").decoder, [prompt_of(5)], config())
+
+
+def test_view_redraws_the_block_and_counts_deletions_and_insertions():
+    from io import StringIO
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from fastdllm.terminal.view import LiveCanvas
+
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=False: f"<{ids[0]}>")
+    view = LiveCanvas(Console(file=StringIO(), width=80), tokenizer, "h", gen_len=4, block_len=4, stops=(0,))
+    positions, no = torch.tensor([[0, 1, 2, 3]]), torch.zeros(1, 4, dtype=torch.bool)
+    flags = lambda *v: torch.tensor([v]).bool()                                      # noqa: E731
+    step = {"block": 0, "span": (0, 4), "positions": positions, "confidences": torch.full((1, 4), 0.9)}
+    view.update(StepEvent(step=0, nfe=1, tokens=torch.tensor([[7, 8, 9, 99]]), committed=flags(1, 1, 1, 0), edited=no,
+                          deleted=no, inserted=no, masks=flags(0, 0, 0, 1), **step))
+    # DELETE written at 1: 9 shifts left, two masks follow
+    view.update(StepEvent(step=1, nfe=2, tokens=torch.tensor([[7, 9, 99, 99]]), committed=no, edited=flags(0, 1, 0, 0),
+                          deleted=flags(0, 1, 0, 0), inserted=no, masks=flags(0, 0, 1, 1), **step))
+    assert view.tokens == [7, 9, None, None]
+    # SPLIT written at 0: a mask opens before 7
+    view.update(StepEvent(step=2, nfe=3, tokens=torch.tensor([[99, 7, 9, 99]]), committed=no, edited=flags(1, 0, 0, 0),
+                          deleted=no, inserted=flags(1, 0, 0, 0), masks=flags(1, 0, 0, 1), **step))
+    assert view.tokens == [None, 7, 9, None]
+    assert "1 deleted · 1 inserted" in view.frame(view.render().renderables[1], 1).renderables[2].plain
+
+
+def test_profile_and_cli(model):
+    from test_blockdiff import cli
+
+    from fastdllm.decode import profiles
+    from fastdllm.decode.family_defaults import default_profile
+
+    lm, _ = model
+    cfg = profiles.resolve(profiles.find("llada2.2"), {})
+    assert (cfg.indel, cfg.threshold, cfg.edit_threshold, cfg.max_post_steps, cfg.cache) == (True, 0.5, 0.0, 16, "prefix")
+    assert not profiles.resolve(profiles.find("llada2.2-no-indel"), {}).indel
+    config = json.loads((lm.path / "config.json").read_text())
+    assert default_profile(config) == "llada2.2"
+    assert default_profile({k: v for k, v in config.items() if k != "delete_token_id"}) == "llada2"
+    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "32", "--no-early-stop", "--raw", "hi").stdout)
+    assert record["config"]["indel"] is True and record["nfe"] > 0

@@ -172,7 +172,7 @@ class InDelBatch:
                     self.first_step = time.perf_counter() - self.started
                 yield StepEvent(block, step, self.nfe, span, at - starts, host[:, s:e].clone(), conf,
                                 flags["committed"], edited=flags["edited"], deleted=flags["deleted"],
-                                inserted=flags["inserted"])
+                                inserted=flags["inserted"], masks=host[:, s:e] == mask)
                 step += 1
             self.blocks_done += 1
             first = max(s, canvas.starts[0])
