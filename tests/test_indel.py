@@ -8,6 +8,7 @@ words the model predicts often, so each wins where its word would."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import reference_indel as indel_ref
@@ -165,3 +166,27 @@ def test_profile_and_cli(model):
     assert default_profile({k: v for k, v in config.items() if k != "delete_token_id"}) == "llada2"
     record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "32", "--no-early-stop", "--raw", "hi").stdout)
     assert record["config"]["indel"] is True and record["nfe"] > 0
+
+
+def test_bench_rows(model):
+    """A LLaDA2.2 checkpoint gets the InDel row beside the editing rows; LLaDA2.1's does not."""
+    from fastdllm.bench.cases import Sweep, expand, pick_rows, table_for
+
+    lm, _ = model
+    table = table_for(lm.path)
+    assert {"indel", "edit-speed", "speed-no-edit"} <= set(table)
+    cases = {c.name: c.cfg for c in expand(pick_rows(["indel", "edit-speed"], table=table), Sweep(gen_len=(64,)), lm.path)}
+    assert cases["indel"].indel and cases["indel"] == replace(cases["edit-speed"], indel=True)
+    assert "indel" not in table_for(write_llada2_2(lm.path.parent / "no-edit-tokens"))
+
+
+def test_early_stop_after_the_block_where_the_answer_ends(model):
+    """With early stop the decoding ends after the block holding the answer's end (finished blocks
+    are final); the answer is the same as without it. This prompt's answer ends at offset 37."""
+    lm, _ = model
+    prompt = prompt_of(5, seed=105)
+    full = run(lm.decoder, [prompt], config(gen_len=96))
+    ends = [i for i, t in enumerate(full.canvas[0].tolist()) if t in lm.specials.stops]
+    assert ends[0] == 37 and full.blocks_decoded == 4
+    early = run(lm.decoder, [prompt], replace(config(gen_len=96), early_stop=True))
+    assert early.ids == full.ids and early.blocks_decoded == 2 and early.early_stopped

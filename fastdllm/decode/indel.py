@@ -18,7 +18,7 @@ import torch
 
 from ..errors import UserError
 from .cache_modes import span_for
-from .canvas import generated, plan
+from .canvas import answer_ended, generated, plan
 from .events import BlockEvent, Result, StepEvent, answer_ids, finish_result, reset_peak_memory
 from .graphs import SpanForward
 from .step import complete_block
@@ -130,6 +130,7 @@ class InDelBatch:
         cfg, canvas, mask = self.cfg, self.canvas, self.decoder.specials.mask
         host, B, T, device = canvas.host, len(self.prompts), canvas.length, self.decoder.device
         starts = torch.tensor(canvas.starts)[:, None]
+        stops = torch.tensor(self.decoder.specials.stops)
 
         def store(s: int, e: int, block: int) -> StepEvent:
             with torch.inference_mode():
@@ -176,9 +177,9 @@ class InDelBatch:
                 step += 1
             self.blocks_done += 1
             first = max(s, canvas.starts[0])
-            yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(),
-                             torch.zeros(B, dtype=torch.bool))
-            if block == len(canvas.blocks) - 1:
+            done = answer_ended(canvas, stops, mask)                 # finished blocks are final: safe to stop
+            yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0], host[:, first:e].clone(), done)
+            if block == len(canvas.blocks) - 1 or (cfg.early_stop and bool(done.all())):
                 break
             if not fresh:                                   # the block's last forward did not see it final
                 yield store(s, e, block + 1)
