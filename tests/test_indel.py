@@ -190,3 +190,34 @@ def test_early_stop_after_the_block_where_the_answer_ends(model):
     assert ends[0] == 37 and full.blocks_decoded == 4
     early = run(lm.decoder, [prompt], replace(config(gen_len=96), early_stop=True))
     assert early.ids == full.ids and early.blocks_decoded == 2 and early.early_stopped
+
+
+def test_serve_takes_indel_per_request(model):
+    """The request's `fastdllm` object (or the llada2.2 profile) turns InDel on; the scheduler's
+    answers are each row's alone (it re-plans batches only at block ends)."""
+    import threading
+
+    from fastdllm.serve.jobs import Finished, Job
+    from fastdllm.serve.protocol import prepare_completion
+    from fastdllm.serve.requests import Server
+    from fastdllm.serve.scheduler import Scheduler
+
+    lm, _ = model
+    server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})
+    body = {"model": lm.path.name, "prompt": prompt_of(9), "max_tokens": 64}
+    assert prepare_completion({**body, "fastdllm": {"profile": "llada2.2"}}, server).cfg.indel
+    cfg = prepare_completion({**body, "fastdllm": {"indel": True, "edit_threshold": 0.0, "threshold": 0.5,
+                                                   "early_stop": False}}, server).cfg
+    assert cfg.indel and cfg.edit_threshold == 0.0
+    done, got = threading.Semaphore(0), {}
+    sched = Scheduler(lm.decoder, max_batch=4)
+    prompts = {f"r{n}": prompt_of(n, seed=n) for n in (9, 33, 40)}
+    for name, prompt in prompts.items():
+        sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
+                         (got.__setitem__(n, u), done.release())))
+    sched.start()
+    for _ in prompts:
+        assert done.acquire(timeout=300)
+    sched.shutdown(10)
+    for name, prompt in prompts.items():
+        assert got[name].ids == run(lm.decoder, [prompt], cfg).ids[0]
