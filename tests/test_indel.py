@@ -177,6 +177,8 @@ def test_bench_rows(model):
     assert {"indel", "edit-speed", "speed-no-edit"} <= set(table)
     cases = {c.name: c.cfg for c in expand(pick_rows(["indel", "edit-speed"], table=table), Sweep(gen_len=(64,)), lm.path)}
     assert cases["indel"].indel and cases["indel"] == replace(cases["edit-speed"], indel=True)
+    from fastdllm.decode.rules import rule_fields, rule_text
+    assert rule_text(rule_fields(cases["indel"])) == rule_text(rule_fields(cases["edit-speed"])) + " indel"
     assert "indel" not in table_for(write_llada2_2(lm.path.parent / "no-edit-tokens"))
 
 
