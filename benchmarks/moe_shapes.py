@@ -12,6 +12,7 @@ from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_moe import (
     PUBLISHED,
     published_config,
+    write_llada2_2,
     write_llada2_moe,
     write_llada_moe,
 )
@@ -20,15 +21,22 @@ from fastdllm.checkpoints.tiny_sdar_moe import write_sdar_moe
 from fastdllm.models.moe import SparseMoE
 
 # name -> (model_type of the published config, tiny checkpoint writer: tokenizer and special tokens only)
-SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada-moe-7b": ("llada_moe", write_llada_moe),
+SHAPES = {"llada2-mini": ("llada2_moe", write_llada2_moe), "llada2.2-mini": ("llada2_moe", write_llada2_2),
+          "llada-moe-7b": ("llada_moe", write_llada_moe),
           "sdar-30b-a3b": ("sdar_moe", write_sdar_moe), "rnd1-30b-a3b": ("rnd1", write_rnd1)}
 QWEN3_MOE = ("sdar_moe", "rnd1")                 # Qwen3-MoE's layer rule (decoder_sparse_step, mlp_only_layers)
 
 
 # --- shapes ----------------------------------------------------------------------------------------
+# LLaDA2.2-mini: LLaDA2.1-mini's config plus block routing (docs/llada2-2.md §1; 48 of 256 experts per
+# block is a third-party figure, no 2.2 config.json was read)
+BLOCK_ROUTING = {"llada2.2-mini": {"expert_capacity": 48, "block_size": 32}}
+
+
 def published(name: str) -> dict:
     """RND1: the config.json its configuration class writes (tiny_rnd1; the published file was not read)."""
-    return rnd1_config() if SHAPES[name][0] == "rnd1" else published_config(SHAPES[name][0])
+    raw = rnd1_config() if SHAPES[name][0] == "rnd1" else published_config(SHAPES[name][0])
+    return dict(raw, **BLOCK_ROUTING.get(name, {}))
 
 
 def expert_width(raw: dict) -> int:

@@ -64,6 +64,30 @@ def llada2_route(logits, bias, *, n_group, topk_group, k, scale, group_limit=Tru
     return idx, [x * scale for x in w]
 
 
+def llada2_block_route(logits, bias, *, capacity, block_size, k, scale):
+    """LLaDA2.2's block routing (docs/llada2-2.md §2), for a sequence at positions 0..n-1 (logits (n, E)):
+    tokens t with equal t // block_size share a block; an expert's block score is the max over the
+    block's tokens of sigmoid + bias; the block keeps the `capacity` best (lowest index on ties); each
+    token takes its k best biased scores among them, no group limiting; weights as llada2_route.
+    Returns (per-token (ids, weights), {block: kept experts, best first})."""
+    n, E = logits.shape
+    s = torch.sigmoid(logits)
+    r = [[float(s[t, j] + bias[j]) for j in range(E)] for t in range(n)]
+    kept, routes = {}, []
+    for b in range((n + block_size - 1) // block_size):
+        tokens = range(b * block_size, min((b + 1) * block_size, n))
+        best = [max(r[t][j] for t in tokens) for j in range(E)]
+        kept[b] = sorted(range(E), key=lambda j: (-best[j], j))[:capacity]
+    for t in range(n):
+        idx = sorted(kept[t // block_size], key=lambda j: (-r[t][j], j))[:k]
+        w = [float(s[t, j]) for j in idx]
+        if k > 1:
+            total = sum(w) + 1e-20
+            w = [x / total for x in w]
+        routes.append((idx, [x * scale for x in w]))
+    return routes, kept
+
+
 def llada_moe_route(logits, bias, *, k):
     """One token's LLaDA-MoE router (llada-moe §4): softmax, plus the bias if any (it stays in the
     weights), top-k, no renormalisation, no scaling."""
@@ -97,6 +121,7 @@ class _NaiveMoE:
                                          f"unexpected {sorted(set(self.w) - expected)[:5]}")
         self.group_limit = group_limit            # llada2 only: False = plain top-k (for the self-checks)
         self.routes = []                          # the last forward's MoE decisions, one Route per MoE layer
+        self.kept = {}                            # block routing: layer -> {block: kept experts}
 
     def rms(self, x, name):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w[name]
@@ -143,7 +168,7 @@ class _NaiveMoE:
         else:
             raise ValueError(attention)
         x = self.w[self.embed][torch.tensor(ids, dtype=torch.long)]
-        self.routes = []
+        self.routes, self.kept = [], {}
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             x = x + self.attention_block(self.rms(x, p + "input_layernorm.weight"), p, range(n), allowed)
@@ -205,8 +230,13 @@ class NaiveLLaDA2(_NaiveMoE):
         if i < c["first_k_dense_replace"]:
             return self.swiglu(h, p)
         logits, bias = h @ self.w[p + "gate.weight"].T, self.w[p + "gate.expert_bias"]
-        routes = [llada2_route(row, bias, n_group=c["n_group"], topk_group=c["topk_group"], k=c["num_experts_per_tok"],
-                               scale=c["routed_scaling_factor"], group_limit=self.group_limit) for row in logits]
+        if c.get("expert_capacity") is not None:                               # LLaDA2.2 block routing
+            routes, self.kept[i] = llada2_block_route(logits, bias, capacity=c["expert_capacity"],
+                                                      block_size=c.get("block_size") or 32,
+                                                      k=c["num_experts_per_tok"], scale=c["routed_scaling_factor"])
+        else:
+            routes = [llada2_route(row, bias, n_group=c["n_group"], topk_group=c["topk_group"], k=c["num_experts_per_tok"],
+                                   scale=c["routed_scaling_factor"], group_limit=self.group_limit) for row in logits]
         y = self.combine(h, i, p, routes)
         return y + self.swiglu(h, p + "shared_experts.") if c["num_shared_experts"] else y
 

@@ -92,15 +92,23 @@ def family_class(raw: dict):
     return next(c for c, _, a in families if declared & set(a))
 
 
-def test_llada22_block_routing_is_refused_by_name(tmp_path):
-    raw = dict(PUBLISHED["inclusionAI__LLaDA2.1-mini"], expert_capacity=48, block_size=32)
+def test_llada22_block_routing_and_edit_tokens_load(tmp_path):
+    """Block routing and InDel's edit tokens are implemented (docs/llada2-2.md §2, §3); a routing
+    block other than 32 is not."""
+    raw = dict(PUBLISHED["inclusionAI__LLaDA2.1-mini"], expert_capacity=48, block_size=32,
+               delete_token_id=156930, split_token_id=156931)
+    config, _, notes = family_of(raw, tmp_path)
+    assert (config.expert_capacity, config.routing_block, config.delete_token_id, config.split_token_id, notes) == (
+        48, 32, 156930, 156931, [])
+    for key, bad in (("expert_capacity", 0), ("expert_capacity", -1), ("expert_capacity", 4.5),
+                     ("expert_capacity", True), ("expert_capacity", "48"), ("delete_token_id", -1),
+                     ("split_token_id", "x")):
+        with pytest.raises(UserError, match=f"sets {key}={bad!r}"):
+            family_of(dict(raw, **{key: bad}), tmp_path)
     with pytest.raises(UserError) as raised:
-        family_of(raw, tmp_path)
-    assert str(raised.value) == ("config.json sets expert_capacity=48 (LLaDA2.2's block routing: each block keeps "
-                                 "expert_capacity experts); fastdllm's llada2_moe does not implement it yet")
-    both = dict(raw, delete_token_id=156930)
-    with pytest.raises(UserError, match=r"\(also delete_token_id\)$"):
-        family_of(both, tmp_path)
+        family_of(dict(raw, block_size=64), tmp_path)
+    assert str(raised.value) == ("config.json sets block_size=64 (a routing block other than the attention's 32); "
+                                 "fastdllm's llada2_moe does not implement it yet")
 
 
 def test_absent_keys_mean_the_authors_defaults(tmp_path):
@@ -132,7 +140,7 @@ def llada22(tmp_path_factory):
 
     path = write_llada2_moe(tmp_path_factory.mktemp("llada22") / "tiny-llada2.2")
     config = json.loads((path / "config.json").read_text())          # as a LLaDA2.2 download adds them
-    (path / "config.json").write_text(json.dumps(dict(config, expert_capacity=48, block_size=32)))
+    (path / "config.json").write_text(json.dumps(dict(config, expert_capacity=4, block_size=64)))
     return path
 
 
@@ -155,9 +163,8 @@ def test_every_command_refuses_before_reading_weights(command, llada22, tmp_path
     shutil.copytree(llada22, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
     r = CliRunner().invoke(app, [*COMMANDS[command], "-m", str(tmp_path / "m")], input="/bye\n")
     assert r.exit_code == 1, r.output
-    assert r.stderr.strip().splitlines() == ["error: config.json sets expert_capacity=48 (LLaDA2.2's block routing: each "
-                                             "block keeps expert_capacity experts); fastdllm's llada2_moe does not "
-                                             "implement it yet"]
+    assert r.stderr.strip().splitlines() == ["error: config.json sets block_size=64 (a routing block other than the "
+                                             "attention's 32); fastdllm's llada2_moe does not implement it yet"]
 
 
 def test_info_shows_the_refusal_as_a_warning(llada22):
@@ -165,6 +172,6 @@ def test_info_shows_the_refusal_as_a_warning(llada22):
 
     r = CliRunner().invoke(app, ["info", str(llada22)])
     assert r.exit_code == 0, r.output
-    assert "warning: config.json sets expert_capacity=48" in r.stderr
+    assert "warning: config.json sets block_size=64" in r.stderr
     r = CliRunner().invoke(app, ["info", str(llada22), "--json"])
-    assert json.loads(r.stdout)["warnings"][0].startswith("config.json sets expert_capacity=48")
+    assert json.loads(r.stdout)["warnings"][0].startswith("config.json sets block_size=64")

@@ -66,7 +66,12 @@ EDIT_CONFIGS = {row.name: row for row in [
     Row("edit-speed", _mode(0.5, 0.0), "the model card's Speed mode: as speed-no-edit, and every changed prediction "
                                        "of a written token edited, up to 16 edit-only rounds"),
 ]}
-EDITING_PROFILES = ("llada2",)      # families whose checkpoints decode with token editing (their default profile)
+# LLaDA2.2 (docs/llada2-2.md §3): insert/delete editing against Speed-mode editing without it
+INDEL_CONFIGS = {row.name: row for row in [
+    Row("indel", {**_mode(0.5, 0.0), "indel": True}, "LLaDA2.2's InDel decoding: edit-speed plus DELETE and SPLIT "
+                                                     "tokens, anti-loop, forced finish after 16 post-fill rounds"),
+]}
+EDITING_PROFILES = ("llada2", "llada2.2")   # families whose checkpoints decode with token editing (their default profile)
 BASELINE = "baseline"
 # A speed-up is unreliable when the fastest and slowest repetitions of the row or of its baseline
 # differ by more than this share of their median, or when the two rows' ranges overlap (then not
@@ -76,7 +81,7 @@ SPREAD_LIMIT = 0.25
 
 def table_for(model_dir: Path | None) -> dict[str, Row]:
     """The rows that fit the model: the renoising sampler's, a whole-canvas schedule's, or the cache and rule rows (and, for
-    LLaDA2.x, the token-editing modes beside the same thresholds without editing)."""
+    LLaDA2.x, the token-editing modes beside the same thresholds without editing; for LLaDA2.2, InDel too)."""
     from ..decode.profiles import default_profile_for, model_defaults
 
     rule = model_defaults(model_dir).get("rule", "threshold")
@@ -84,7 +89,10 @@ def table_for(model_dir: Path | None) -> dict[str, Row]:
         return RENOISE_CONFIGS
     if RULES[rule].whole_canvas:
         return CANVAS_CONFIGS
-    return {**CONFIGS, **EDIT_CONFIGS} if default_profile_for(model_dir) in EDITING_PROFILES else CONFIGS
+    profile = default_profile_for(model_dir)
+    if profile not in EDITING_PROFILES:
+        return CONFIGS
+    return {**CONFIGS, **EDIT_CONFIGS, **(INDEL_CONFIGS if profile == "llada2.2" else {})}
 
 
 @dataclass(frozen=True)

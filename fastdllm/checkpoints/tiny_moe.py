@@ -125,6 +125,12 @@ def write_llada2_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert
     return _write(out, c, w, dtype, sharded, LLADA2_CHAT_TEMPLATE)
 
 
+def write_llada2_2(out: Path, *, expert_capacity=4, block_size=32, **kwargs) -> Path:
+    """LLaDA2.2's format as far as it is known (docs/llada2-2.md §1): LLaDA2.1-mini's config.json
+    plus `expert_capacity` and `block_size` (block routing); 4 of the fixture's 8 experts per block."""
+    return write_llada2_moe(out, expert_capacity=expert_capacity, block_size=block_size, **kwargs)
+
+
 def write_llada_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert_bias_range=0.05,
                     expert_bias_dtype=torch.float32, sharded=True, dtype=torch.bfloat16, drop_keys=(),
                     **config) -> Path:
@@ -171,7 +177,8 @@ def write_llada_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert_
 
 
 # keys a caller may add that the published config.json lacks
-_EXTRA_KEYS = {"llada2_moe": {"use_qk_norm", "mask_token_id", "eos_token_id", "torch_dtype"},
+_EXTRA_KEYS = {"llada2_moe": {"use_qk_norm", "mask_token_id", "eos_token_id", "torch_dtype",
+                              "expert_capacity", "block_size", "delete_token_id", "split_token_id"},
                "llada_moe": {"dense_intermediate_size", "rms_norm_eps", "mask_token_id", "bos_token_id"}}
 
 

@@ -48,6 +48,7 @@ class DecodeConfig:
     confidence_stop: float = field(default=0.005, metadata={"min": 0.0, "help": "renoising samplers: the mean entropy (nats) under which a stable canvas stops"})
     edit_threshold: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0, "help": "token editing (LLaDA2.1): also overwrite a token written in the active block when the new argmax differs and its probability exceeds this (none: no editing)"})
     max_post_steps: int = field(default=16, metadata={"min": 0, "help": "token editing: the most edit-only rounds after a block has no mask left"})
+    indel: bool = field(default=False, metadata={"help": "insert/delete editing (LLaDA2.2, docs/llada2-2.md 3): token editing with edit_threshold plus the checkpoint's DELETE and SPLIT tokens, commits by threshold (at least one more than the masks edits opened)"})
     refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
     credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators.md 4)"})
@@ -93,6 +94,9 @@ class DecodeConfig:
             raise ConfigError("the dilated rule plans a whole block; unset sub_block_len")
         if self.edit_threshold is not None:
             self._check_editing(rule)
+        if self.indel and (self.edit_threshold is None or self.credit or self.prophet or self.dpad_window):
+            raise ConfigError("indel: set edit_threshold (0 in LLaDA2.2's Speed mode); not combined with credit, "
+                              "prophet or dpad")
         if self.credit and rule.renoise:
             raise ConfigError(f"credit accumulates over a masked block's steps; the {self.rule} rule resamples whole canvases")
         if self.credit and self.edit_threshold is not None:

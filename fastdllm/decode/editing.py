@@ -33,6 +33,20 @@ def refuse_editing(decoder, causal: bool) -> None:
                         f"predicts each position from itself (LLaDA2.x)")
 
 
+def refuse_partial_routing(decoder, cfg) -> None:
+    """LLaDA2.2's block routing (docs/llada2-2.md §2.2) routes whole 32-position blocks: a forward
+    of part of one (a decoding block that does not tile them, a sub-block span) is refused."""
+    block = getattr(decoder.model.config, "routing_block", None)
+    if not block:
+        return
+    if cfg.block_len % block:
+        raise UserError(f"{decoder.name} uses block routing over blocks of {block}: block_len {cfg.block_len} "
+                        f"must be a multiple of {block}")
+    if cfg.sub_block_len is not None and cfg.cache == "dual":
+        raise UserError(f"{decoder.name} uses block routing over whole blocks of {block}; the dual cache's "
+                        f"sub-block forwards route part of one (unset sub_block_len or use cache prefix)")
+
+
 class BlockRows:
     """The rows' state in the active block: who still decodes it, edit-only rounds used."""
 

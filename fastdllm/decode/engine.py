@@ -30,7 +30,7 @@ from .constraint import Compiled, RowConstraints
 from .credit import CreditTrace
 from .decoder import Decoder
 from .device_step import DeviceStep
-from .editing import BlockRows, refuse_editing
+from .editing import BlockRows, refuse_editing, refuse_partial_routing
 from .events import (
     BlockEvent,
     Event,
@@ -65,6 +65,12 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
             constraints: list[Compiled | None] | None = None):
     """The stepper of this model's decoder, with the same events and result: the mask loop (Batch),
     or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
+    if cfg.indel:
+        if holes is not None or (constraints and any(constraints)):
+            raise UserError("indel moves tokens inside a block: not combined with infilling or structured output")
+        from .indel import InDelBatch
+
+        return InDelBatch(decoder, prompts, cfg, gen_lens)
     if getattr(decoder.model, "sampler", "mask") != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes, constraints)
     if constraints and any(constraints):
@@ -109,6 +115,7 @@ class Batch:
                             f"{decoder.name}'s finished blocks are already final (use prefix)")
         if cfg.edit_threshold is not None:
             refuse_editing(decoder, self.causal)
+        refuse_partial_routing(decoder, cfg)
         if holes is not None:
             if len(prompts) != 1 or gen_lens is not None:
                 raise ValueError("infilling decodes one template row at a time")

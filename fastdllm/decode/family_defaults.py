@@ -59,4 +59,6 @@ def decode_defaults(config: dict, generation: dict | None = None) -> dict:
 
 def default_profile(config: dict) -> str:
     entry = _entry(config)
+    if entry is _LLADA2 and config.get("delete_token_id") is not None and config.get("split_token_id") is not None:
+        return "llada2.2"                      # LLaDA2.2's edit tokens: its InDel decoder (docs/llada2-2.md)
     return entry[0] if entry else "default"

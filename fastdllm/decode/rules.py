@@ -200,11 +200,12 @@ def rule_fields(cfg) -> dict:
     rule = RULES[cfg.rule]
     params = dict.fromkeys(r.param for r in RULES.values() if r.param)
     return {"rule": cfg.rule, **{p: rule.value(cfg) if p == rule.param else None for p in params},
-            "gen_len": cfg.gen_len, "edit_threshold": cfg.edit_threshold}
+            "gen_len": cfg.gen_len, "edit_threshold": cfg.edit_threshold, "indel": getattr(cfg, "indel", False)}
 
 
 def rule_text(r: dict) -> str:
     """A record's rule as a table cell (Rule.short), from rule_fields' keys: 't=0.9'."""
     rule = RULES[r["rule"]]
     edits = r.get("edit_threshold")
-    return rule.short(r[rule.param], r["gen_len"]) + (f" e>{edits:g}" if edits is not None else "")
+    return (rule.short(r[rule.param], r["gen_len"]) + (f" e>{edits:g}" if edits is not None else "")
+            + (" indel" if r.get("indel") else ""))

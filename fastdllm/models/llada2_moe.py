@@ -6,10 +6,15 @@ blocks of 32 (no config key: the authors' code), no logit shift. Per layer: fuse
 (q heads, then k, then v), per-head RMSNorm on q and k before a partial rotary embedding (the first
 `head_dim * partial_rotary_factor` dims), GQA; then a dense SwiGLU for the first
 `first_k_dense_replace` layers and a sparse MoE after them (sigmoid router with a selection-only
-expert bias and group limiting, moe.py) plus `num_shared_experts` shared experts."""
+expert bias and group limiting, moe.py) plus `num_shared_experts` shared experts.
+
+LLaDA2.2 (same format) adds block routing when config.json has `expert_capacity`: the tokens of
+one 32-position block of a row (its RoPE positions // block_size, padding apart) share a set of
+`expert_capacity` experts (docs/llada2-2.md §2)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -26,7 +31,13 @@ LLADA2_KEYS = dict(vocab_size=30592, hidden_size=1024, intermediate_size=None, n
                    num_experts=16, num_experts_per_tok=2, n_group=8, topk_group=4, num_shared_experts=0,
                    first_k_dense_replace=0, routed_scaling_factor=2.5, moe_intermediate_size=None,
                    use_qkv_bias=False, use_bias=True, use_qk_norm=True, norm_head=False, mask_token_id=None,
-                   initializer_range=0.02)
+                   initializer_range=0.02, expert_capacity=None, block_size=None, delete_token_id=None,
+                   split_token_id=None)
+
+
+def token_id(value, raw) -> bool:
+    """LLaDA2.2's edit tokens (docs/llada2-2.md §3): absent, null or a token id."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
 def rotary_dims_agree(value, raw) -> bool:
@@ -52,7 +63,12 @@ class LLaDA2MoeConfig(PretrainedConfig):
     def routing(self) -> Routing:
         groups = self.n_group or 1
         return Routing("sigmoid_grouped", self.num_experts, self.num_experts_per_tok, groups,
-                       self.topk_group or groups, float(self.routed_scaling_factor))
+                       self.topk_group or groups, float(self.routed_scaling_factor), capacity=self.expert_capacity)
+
+    @property
+    def routing_block(self) -> int | None:
+        """Positions per routing block under block routing (None without it)."""
+        return None if self.expert_capacity is None else (self.block_size or 32)
 
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts is not None and layer >= self.first_k_dense_replace
@@ -60,10 +76,11 @@ class LLaDA2MoeConfig(PretrainedConfig):
     # docs/config-guard.md 7: the checkpoint's modeling_llada2_moe.py, dInfer's and SGLang's ports, and
     # LLaDA2.2's additions (SGLang's block routing and InDel decoder)
     switches = (
-        Switch("expert_capacity", (None,), "LLaDA2.2's block routing: each block keeps expert_capacity experts"),
+        Switch("expert_capacity", lambda v, raw: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+               "LLaDA2.2's block routing: each block keeps expert_capacity experts"),
         Switch("block_size", (None, 32), "a routing block other than the attention's 32"),
-        Switch("delete_token_id", (None,), "LLaDA2.2's insert/delete editing"),
-        Switch("split_token_id", (None,), "LLaDA2.2's insert/delete editing"),
+        Switch("delete_token_id", token_id, "LLaDA2.2's insert/delete editing"),
+        Switch("split_token_id", token_id, "LLaDA2.2's insert/delete editing"),
         Switch("rope_scaling", (None,), "a scaled rotary embedding (transformers' rope_type)"),
         Switch("hidden_act", ("silu",), "another activation in every MLP"),
         Switch("norm_head", (False, None), "an L2-normalised head (SGLang)"),
@@ -91,6 +108,8 @@ class LLaDA2MoeConfig(PretrainedConfig):
         found = [f"{key} is required" for key, needed in [
             ("intermediate_size", not all(self.is_sparse(i) for i in layers)),
             ("moe_intermediate_size", any(self.is_sparse(i) for i in layers))] if needed and not getattr(self, key)]
+        if self.expert_capacity is not None and self.num_experts is None:
+            found.append("expert_capacity needs num_experts (block routing picks among the routed experts)")
         return found + (self.routing.problems() if self.num_experts is not None else [])
 
 
@@ -113,6 +132,7 @@ class LLaDA2DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attention = LLaDA2Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.routing_block = cfg.routing_block if cfg.is_sparse(layer) else None
         if cfg.is_sparse(layer):
             shared = (cfg.num_shared_experts or 0) * cfg.moe_intermediate_size
             self.mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.routing, expert_bias="gate",
@@ -125,12 +145,32 @@ class LLaDA2DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
         a = self.attention
+        blocks, wanted = None, rows
+        if self.routing_block:             # a block's experts depend on all its tokens: no row subset
+            blocks, rows = routing_blocks(cache, start, x.shape[1], self.routing_block), None
         x = take_rows(x, rows) + self_attention(
             self.input_layernorm(x), a.query_key_value, None, None, a.dense, qkv_sizes=self.qkv_sizes,
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
             key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
             q_norm=getattr(a, "query_layernorm", None), k_norm=getattr(a, "key_layernorm", None))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        x = x + (self.mlp(h) if blocks is None else self.mlp(h, blocks))
+        return x if wanted is None or rows is not None else take_rows(x, wanted)
+
+
+def routing_blocks(cache, start, n: int, block: int) -> torch.Tensor:
+    """(B, n) routing-block id of each slot of the span [start, start + n): row r's real tokens at
+    RoPE position p are in block (r, p // block); its left padding in a block of its own. Ids are
+    unique across rows (docs/llada2-2.md §2.2)."""
+    if not isinstance(start, int):
+        raise ValueError("block routing needs a contiguous span of the canvas (not a position set)")
+    positions = cache.positions[:, start:start + n]                               # (B, n)
+    B, T = cache.positions.shape
+    ids = positions // block + 1
+    if cache.key_mask is not None:
+        ids = ids.masked_fill(~cache.key_mask.reshape(B, T)[:, start:start + n].to(ids.device), 0)
+    stride = T // block + 2
+    return ids + stride * torch.arange(B, device=ids.device)[:, None]
 
 
 class LLaDA2MoeModelLM(DecoderStack):

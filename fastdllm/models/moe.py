@@ -37,6 +37,8 @@ class Routing:
     top_groups: int = 1              # sigmoid_grouped: topk_group (groups a token may choose from)
     scale: float = 1.0               # routed_scaling_factor
     model_dtype_logits: bool = False   # router matmul in the activations' dtype (bf16 logits, Qwen3-MoE)
+    capacity: int | None = None      # sigmoid_grouped: LLaDA2.2's block routing (config expert_capacity):
+                                     # each routing block keeps this many experts (docs/llada2-2.md §2)
 
     def problems(self) -> list[str]:
         """Why this routing cannot work (empty when it can): the checks the references skip."""
@@ -49,9 +51,12 @@ class Routing:
                 found.append(f"num_experts {self.experts} does not split into n_group {self.groups} groups of 2 or more")
             elif not 0 < self.top_groups <= self.groups:
                 found.append(f"topk_group {self.top_groups} is not in 1..n_group ({self.groups})")
-            elif self.top_k > self.top_groups * per_group:
+            elif self.top_k > self.top_groups * per_group and self.capacity is None:
                 found.append(f"num_experts_per_tok {self.top_k} exceeds the {self.top_groups * per_group} experts "
                              f"of topk_group {self.top_groups} groups")
+        if self.capacity is not None and not self.top_k <= self.capacity <= self.experts:
+            found.append(f"expert_capacity {self.capacity} is not in num_experts_per_tok..num_experts "
+                         f"({self.top_k}..{self.experts})")
         return found
 
 
@@ -74,6 +79,26 @@ def sigmoid_grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Rou
     return weights * r.scale, experts
 
 
+def block_capacity_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing, blocks: torch.Tensor):
+    """LLaDA2.2's block routing (docs/llada2-2.md §2): tokens with equal `blocks` id (N,) form one
+    routing block; an expert's block score is the max over the block's tokens of its biased score;
+    the block keeps its `capacity` best experts; each token takes its k best biased scores among
+    them (no group limiting); weights as sigmoid_grouped. Returns weights, experts (N, k) and the
+    block ids with their kept experts (G,), (G, capacity), best first."""
+    scores = logits.sigmoid()                                             # (N, E) unbiased
+    biased = scores if bias is None else scores + bias
+    ids, block_of = blocks.unique(return_inverse=True)                    # (G,), (N,)
+    best = biased.new_full((len(ids), r.experts), float("-inf"))
+    best.scatter_reduce_(0, block_of[:, None].expand_as(biased), biased, "amax")   # (G, E) block scores
+    kept = best.topk(r.capacity, dim=-1).indices                          # (G, C)
+    allowed = torch.zeros_like(best, dtype=torch.bool).scatter_(1, kept, True)
+    experts = biased.masked_fill(~allowed[block_of], float("-inf")).topk(r.top_k, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if r.top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * r.scale, experts, (ids, kept)
+
+
 def softmax_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
     """LLaDA-MoE (docs/llada-moe.md §4): softmax over all experts, plus the bias if any (it moves
     the weights too), the k largest as they are: no renormalisation, no scaling, no groups."""
@@ -94,24 +119,33 @@ ROUTERS = {"sigmoid_grouped": sigmoid_grouped_topk, "softmax": softmax_topk, "so
 
 
 class Router(nn.Module):
-    """`gate.weight` (E, d), and for LLaDA2 `gate.expert_bias` (E). forward(x (N, d), bias) ->
-    (weights (N, k) at fp32 or better, experts (N, k)); a forward hook on it sees every decision."""
+    """`gate.weight` (E, d), and for LLaDA2 `gate.expert_bias` (E). forward(x (N, d), bias, blocks) ->
+    (weights (N, k) at fp32 or better, experts (N, k)); a forward hook on it sees every decision.
+    With block routing (`routing.capacity`) `blocks` (N,) names each token's routing block, and
+    `kept` holds the last forward's block ids and their kept experts (docs/llada2-2.md §2)."""
 
     def __init__(self, d: int, routing: Routing, expert_bias: bool = False):
         super().__init__()
         self.routing = routing
+        self.kept: tuple[torch.Tensor, torch.Tensor] | None = None
         self.weight = nn.Parameter(torch.empty(routing.experts, d))
         if expert_bias:
             self.register_buffer("expert_bias", torch.zeros(routing.experts))
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, blocks: torch.Tensor | None = None):
         dtype = at_least_fp32(x.dtype)
         if self.routing.model_dtype_logits:                                # rounded to x's dtype, then widened
             logits = F.linear(x, self.weight.to(x.dtype)).to(dtype)        # (N, E)
         else:
             logits = F.linear(x.to(dtype), self.weight.to(dtype))          # (N, E)
         bias = getattr(self, "expert_bias", bias)
-        return ROUTERS[self.routing.score](logits, None if bias is None else bias.to(dtype), self.routing)
+        bias = None if bias is None else bias.to(dtype)
+        if self.routing.capacity is not None:
+            if blocks is None:
+                raise ValueError("block routing needs each token's routing block")
+            weights, experts, self.kept = block_capacity_topk(logits, bias, self.routing, blocks.to(logits.device))
+            return weights, experts
+        return ROUTERS[self.routing.score](logits, bias, self.routing)
 
 
 class SwiGLU(nn.Module):
@@ -175,9 +209,11 @@ class SparseMoE(nn.Module):
             if isinstance(module, SwiGLU):
                 module.fuse()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, blocks: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, S, d); blocks (B, S): each token's routing block (block routing only)."""
         flat = x.reshape(-1, x.shape[-1])                                 # (N, d)
-        weights, chosen = self.gate(flat, getattr(self, "expert_bias", None))
+        weights, chosen = self.gate(flat, getattr(self, "expert_bias", None),
+                                    None if blocks is None else blocks.reshape(-1))
         y = run_experts(flat, weights, chosen, self.experts).to(x.dtype).view_as(x)
         if hasattr(self, "shared_experts"):
             y = y + self.shared_experts(x)

@@ -49,6 +49,7 @@ class LiveView:
         self.latest: dict[int, float] = {}           # index in tokens -> confidence of the latest step
         self.edited: set[int] = set()                # token editing: indices the latest step overwrote
         self.edits = 0                               # tokens overwritten so far
+        self.deleted = self.inserted = 0             # InDel (LLaDA2.2): DELETE / SPLIT tokens written so far
         self.noise: set[int] = set()                 # renoising samplers: positions holding noise now
         self.entropy: float | None = None            # renoising samplers: the canvas's mean entropy
         self.block, self.step, self.nfe, self.committed = 0, 0, 0, 0
@@ -80,6 +81,8 @@ class LiveView:
                 self.tokens[p] = t
             self.committed += int(chosen.sum())
             self.edits += len(self.edited)
+            if event.masks is not None:
+                self.indel_step(event)
         elif isinstance(event, BlockEvent):
             self.latest, self.noise, self.edited = {}, set(), set()
             if self.entropy is not None:                 # a renoising sampler: its argmax is the block
@@ -94,6 +97,17 @@ class LiveView:
             self.live.update(self.render(), refresh=True)
             self.last_draw = time.perf_counter()
         self.overhead += time.perf_counter() - t0
+
+    def indel_step(self, event: StepEvent) -> None:
+        """InDel moved tokens inside the block: the whole block is redrawn from the event (masks
+        where it has masks now); the footer counts deletions and insertions."""
+        at = (event.positions[0] + self.offset).tolist()
+        for p, t, m in zip(at, event.tokens[0].tolist(), event.masks[0].tolist()):
+            if 0 <= p < len(self.tokens):
+                self.tokens[p] = None if m else t
+        self.latest = {p: c for p, c in self.latest.items() if self.tokens[p] is not None}
+        self.deleted += int(event.deleted[0].sum())
+        self.inserted += int(event.inserted[0].sum())
 
     def renoise_step(self, event: StepEvent) -> None:
         """The whole canvas changes: accepted positions show their sample coloured by certainty
@@ -119,6 +133,7 @@ class LiveView:
         share = (f"mean entropy {self.entropy:.3f}" if self.entropy is not None
                  else f"{self.committed / max(self.nfe, 1):.2f} tok/fwd")
         share += f" · {self.edits} edits" if self.edits else ""
+        share += f" · {self.deleted} deleted · {self.inserted} inserted" if self.deleted or self.inserted else ""
         footer = Text(f"block {min(self.block + 1, blocks)}/{blocks} · step {self.step + 1} · NFE {self.nfe} · "
                       f"{share} · {elapsed:.1f}s · {self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
         return Group(Text(self.header, style="bold"), body, footer)
