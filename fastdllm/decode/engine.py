@@ -64,8 +64,15 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
             holes: list[tuple[int, int]] | None = None, generators: list[torch.Generator] | None = None,
             constraints: list[Compiled | None] | None = None):
     """The stepper of this model's decoder, with the same events and result: the mask loop (Batch),
-    or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
-    if getattr(decoder.model, "sampler", "mask") != "renoise":
+    or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue),
+    or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion)."""
+    sampler = getattr(decoder.model, "sampler", "mask")
+    if sampler == "seeded":
+        from .seeded import SeededBatch, refuse
+
+        refuse(decoder, cfg, holes, constraints)
+        return SeededBatch(decoder, prompts, cfg, gen_lens)
+    if sampler != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes, constraints)
     if constraints and any(constraints):
         raise UserError(f"structured output: {decoder.name} rewrites every position every step, so no prefix "
