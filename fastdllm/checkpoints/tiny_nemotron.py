@@ -52,9 +52,11 @@ def nemotron_config() -> dict:
 
 
 def write_nemotron(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, original_max=16, dtype=torch.bfloat16,
-                   block_size=32, **sizes) -> Path:
+                   block_size=32, favoured: int = 0, favour_scale: float = 3.0, **sizes) -> Path:
     """The published layout at TINY sizes (`sizes` overrides them); weights normal(0, init_std),
-    RMSNorm weights 1 + N(0, 0.1^2), the head scaled by `logit_scale` (confidences that vary)."""
+    RMSNorm weights 1 + N(0, 0.1^2), the head scaled by `logit_scale` (confidences that vary).
+    `favoured` n: the head rows of the first n byte tokens scaled up, so that most predictions
+    are among them (`favour_scale`: by how much) and drafts often agree with the causal argmax (self-speculation accepts some)."""
     c = nemotron_config()
     unknown = set(sizes) - set(TINY)
     if unknown:
@@ -66,7 +68,9 @@ def write_nemotron(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, original
     _dump(out / "config.json", c, sort_keys=True)
     _dump(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
                                            "transformers_version": "5.0.0"})
-    _save(out, {k: v.to(dtype).contiguous() for k, v in _weights(c, seed, init_std, logit_scale).items()})
+    w = _weights(c, seed, init_std, logit_scale)
+    w["diffusion_head.weight"][BYTES_AT:BYTES_AT + favoured] *= favour_scale
+    _save(out, {k: v.to(dtype).contiguous() for k, v in w.items()})
     write_tokenizer(out)
     return out
 

@@ -69,9 +69,13 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     sampler = getattr(decoder.model, "sampler", "mask")
     if sampler == "seeded":
         from .seeded import SeededBatch, refuse
+        from .speculative import SpeculativeBatch
 
         refuse(decoder, cfg, holes, constraints)
-        return SeededBatch(decoder, prompts, cfg, gen_lens)
+        return (SeededBatch if cfg.mode == "diffusion" else SpeculativeBatch)(decoder, prompts, cfg, gen_lens)
+    if cfg.mode != "diffusion":
+        raise UserError(f"mode {cfg.mode}: {decoder.name} decodes by diffusion only (ar and self_spec are "
+                        f"Nemotron-Labs Diffusion's decoders)")
     if sampler != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes, constraints)
     if constraints and any(constraints):

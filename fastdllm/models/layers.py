@@ -107,7 +107,7 @@ def keep_4bit_portable(lin: nn.Module) -> bool:
 
 
 def linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    if lin.weight.is_mkldnn:
+    if getattr(lin.weight, "is_mkldnn", False):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lin.weight, lin.bias, "none", [], "")
     return lin(x)
 

@@ -10,7 +10,9 @@ Its decoders are not the mask loop: decode/seeded.py runs them (`sampler = "seed
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,7 +22,7 @@ from .attention import Attention
 from .base import DiffusionLM
 from .config_guard import Switch
 from .kv_cache import CanvasCache, Slots
-from .layers import RMSNorm, at_least_fp32, self_attention, swiglu, take_rows
+from .layers import RMSNorm, at_least_fp32, linear, self_attention, swiglu, take_rows
 from .qwen import QwenDecoderLayer
 
 # the keys the forward and the decoders read, with the 8B's published values (docs §1)
@@ -93,14 +95,50 @@ class NemotronLayer(QwenDecoderLayer):
     def __init__(self, cfg):
         super().__init__(cfg, bias=False, qk_norm=False)
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None, q_scale=None):
+    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None, q_scale=None, lora=None):
         a = self.self_attn
+        o_proj = a.o_proj if lora is None else LoRA(a.o_proj, *lora)
         x = take_rows(x, rows) + self_attention(
-            self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj, n_heads=self.n_heads,
+            self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, o_proj, n_heads=self.n_heads,
             n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin, key_mask=key_mask, cache=cache,
             layer=layer, start=start, rows=rows, q_scale=q_scale)
         m = self.mlp
         return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+
+
+class LoRA(nn.Module):
+    """o_proj with the self-speculation adapter added: W x + scale * B (A x) (PEFT's LoRA)."""
+
+    def __init__(self, base: nn.Module, A: torch.Tensor, B: torch.Tensor, scale: float):
+        super().__init__()
+        self.base, self.A, self.B, self.scale = base, A, B, scale
+        self.weight = None                  # layers.linear: not a packed weight, call forward
+
+    def forward(self, x):
+        return linear(x, self.base) + self.scale * ((x @ self.A.T) @ self.B.T)
+
+
+def read_lora(folder: Path, n_layers: int, dtype: torch.dtype, device) -> list[tuple] | None:
+    """`folder/linear_spec_lora` (PEFT: adapter_config.json, adapter_model.safetensors), per layer
+    (A (r, in), B (out, r), alpha / r); None where the checkpoint ships none. One-line errors."""
+    lora = Path(folder) / "linear_spec_lora"
+    if not (lora / "adapter_config.json").is_file():
+        return None
+    from safetensors.torch import load_file
+
+    c = json.loads((lora / "adapter_config.json").read_text())
+    if c.get("peft_type", "LORA") != "LORA" or set(c.get("target_modules") or []) != {"o_proj"} \
+            or c.get("use_dora") or c.get("use_rslora") or c.get("bias", "none") != "none":
+        raise ValueError(f"{lora}: only a plain LoRA on o_proj is implemented (docs/nemotron-diffusion.md 5)")
+    weights = load_file(str(lora / "adapter_model.safetensors"))
+    out = []
+    for i in range(n_layers):
+        p = f"base_model.model.encoder.layers.{i}.self_attn.o_proj."
+        if p + "lora_A.weight" not in weights:
+            raise ValueError(f"{lora}: no adapter for layer {i} ({p}lora_A.weight)")
+        A, B = (weights[p + f"lora_{x}.weight"].to(device, dtype) for x in "AB")
+        out.append((A, B, c["lora_alpha"] / c["r"]))
+    return out
 
 
 class NemotronLabsDiffusionModel(DiffusionLM):
@@ -125,7 +163,12 @@ class NemotronLabsDiffusionModel(DiffusionLM):
         self.inv_freq, self.attention_factor = rope_frequencies(rope, self.head_dim)
         self.q_beta = rope.get("llama_4_scaling_beta")
         self.q_original = rope.get("original_max_position_embeddings") or c.max_position_embeddings
+        self.lora: list[tuple] | None = None        # linear_spec_lora, per layer (read_files)
         self.post_init()
+
+    def read_files(self, folder: Path) -> None:
+        """After loading: the self-speculation adapter beside the weights, where the checkpoint has one."""
+        self.lora = read_lora(folder, len(self.blocks), self.embed.weight.dtype, self.input_device)
 
     @property
     def embed(self) -> nn.Embedding:
@@ -154,13 +197,14 @@ class NemotronLabsDiffusionModel(DiffusionLM):
         """Causal forward over the span keeping its K/V; next-token logits (B, S, V) at every slot."""
         return self.head(self.hidden_states(ids, start, cache, causal=True))
 
-    def denoise(self, ids: torch.Tensor, start: int, cache: CanvasCache) -> torch.Tensor:
+    def denoise(self, ids: torch.Tensor, start: int, cache: CanvasCache, adapter: bool = False) -> torch.Tensor:
         """Bidirectional forward of the span against the prefix before `start`; logits (B, S, V),
-        position i predicting i. Its K/V land in the span's slots (overwritten by the commit pass)."""
-        return self.head(self.hidden_states(ids, start, cache))
+        position i predicting i. Its K/V land in the span's slots (overwritten by the commit pass).
+        `adapter`: with the self-speculation LoRA, where the checkpoint has one (drafts)."""
+        return self.head(self.hidden_states(ids, start, cache, lora=self.lora if adapter else None))
 
     def hidden_states(self, ids: torch.Tensor, start: int | Slots, cache: CanvasCache,
-                      rows: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+                      rows: torch.Tensor | None = None, causal: bool = False, lora=None) -> torch.Tensor:
         if isinstance(start, Slots):
             raise ValueError("nemotron_labs_diffusion: no position-set forwards (cache mode dkv)")
         x = self.embed(ids)
@@ -176,7 +220,8 @@ class NemotronLabsDiffusionModel(DiffusionLM):
         key_mask = self._mask(cache, start, S, causal, x.device)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, key_mask, cache, i, start, rows if i == last else None, q_scale)
+            x = block(x, cos, sin, key_mask, cache, i, start, rows if i == last else None, q_scale,
+                      None if lora is None else lora[i])
         return self.final_norm(x)
 
     @staticmethod
