@@ -131,3 +131,35 @@ def test_stop_mid_block(lm, naive, tmp_path):
 def test_refusals_are_one_line(lm, change, words):
     with pytest.raises(UserError, match=words):
         list(generate(lm.decoder, [prompt(5)], DecodeConfig(gen_len=L, block_len=L, **{"cache": "prefix", **change})))
+
+
+def test_other_families_decode_by_diffusion_only(llada64):
+    with pytest.raises(UserError, match="mode ar"):
+        list(generate(llada64.decoder, [[5, 6, 7]], DecodeConfig(gen_len=L, block_len=L, mode="ar")))
+
+
+def test_sampling_is_seeded_and_rows_stay_independent(lm):
+    """temperature > 0 (fastdllm's own seeded Gumbel-max; C's global-RNG draws are not reproduced):
+    the same seed gives the same tokens, another seed others."""
+    p = prompt(21, 21)
+    a = ours(lm, [p], cfg(0.3, temperature=1.0, seed=1))[1].ids[0]
+    assert a == ours(lm, [p], cfg(0.3, temperature=1.0, seed=1))[1].ids[0]
+    assert a != ours(lm, [p], cfg(0.3, temperature=1.0, seed=2))[1].ids[0]
+
+
+def test_the_reference_couples_batch_rows(lm, naive):
+    """Why fastdllm's rows are independent (docs §3): C's generate breaks a block for the whole
+    batch when one row meets its stop, so a row's tokens depend on its batch mate."""
+    W, config = naive
+    p, q = prompt(21, 21), prompt(21, 2)
+    _, result = ours(lm, [p], cfg(0.3))
+    token = result.ids[0][L + 3]
+    config = {**config, "eos_token_id": token}
+    both, _, _ = ref.generate(W, config, torch.tensor([p, q]), 3 * L, L, 0.3)
+    alone, _, _ = ref.generate(W, config, torch.tensor([q]), 3 * L, L, 0.3)
+    n = min(alone.shape[1], both.shape[1])
+    decoder = replace(lm.decoder, specials=replace(lm.decoder.specials, stops=(token,)))
+    ours_both = list(generate(decoder, [p, q], cfg(0.3)))[-1]
+    ours_alone = list(generate(decoder, [q], cfg(0.3)))[-1]
+    assert ours_both.ids[1] == ours_alone.ids[0]
+    assert not torch.equal(both[1, :n], alone[0, :n])
