@@ -71,6 +71,19 @@ INDEL_CONFIGS = {row.name: row for row in [
     Row("indel", {**_mode(0.5, 0.0), "indel": True}, "LLaDA2.2's InDel decoding: edit-speed plus DELETE and SPLIT "
                                                      "tokens, anti-loop, forced finish after 16 post-fill rounds"),
 ]}
+# Nemotron-Labs Diffusion (docs/nemotron-diffusion.md): its three decoders, each as its authors ship it
+SEEDED_CONFIGS = {row.name: row for row in [
+    Row("baseline", {"mode": "diffusion", "cache": "prefix", **ONE_PER_STEP},
+        "its generate without a threshold: one token per step of each block (the reference)"),
+    Row("threshold", {"mode": "diffusion", "cache": "prefix", **PARALLEL},
+        "its generate with the model card's threshold 0.9 (the default profile)"),
+    Row("ar", {"mode": "ar", "cache": "prefix", **ONE_PER_STEP}, "ar_generate: one token per causal forward"),
+    Row("self-spec", {"mode": "self_spec", "cache": "prefix", **ONE_PER_STEP},
+        "linear_spec_generate: one bidirectional draft per block, verified causally (batch 1)"),
+    Row("self-spec+threshold", {"mode": "self_spec", "cache": "prefix", **PARALLEL},
+        "linear_spec_generate with drafts by threshold 0.9 (several draft forwards per block)"),
+]}
+SEEDED_PROFILES = ("nemotron-diffusion",)
 EDITING_PROFILES = ("llada2", "llada2.2")   # families whose checkpoints decode with token editing (their default profile)
 BASELINE = "baseline"
 # A speed-up is unreliable when the fastest and slowest repetitions of the row or of its baseline
@@ -80,11 +93,14 @@ SPREAD_LIMIT = 0.25
 
 
 def table_for(model_dir: Path | None) -> dict[str, Row]:
-    """The rows that fit the model: the renoising sampler's, a whole-canvas schedule's, or the cache and rule rows (and, for
-    LLaDA2.x, the token-editing modes beside the same thresholds without editing; for LLaDA2.2, InDel too)."""
+    """The rows that fit the model: the renoising sampler's, a whole-canvas schedule's, Nemotron-Labs
+    Diffusion's three decoders, or the cache and rule rows (and, for LLaDA2.x, the token-editing
+    modes beside the same thresholds without editing; for LLaDA2.2, InDel too)."""
     from ..decode.profiles import default_profile_for, model_defaults
 
     rule = model_defaults(model_dir).get("rule", "threshold")
+    if default_profile_for(model_dir) in SEEDED_PROFILES:
+        return SEEDED_CONFIGS
     if RULES[rule].renoise:
         return RENOISE_CONFIGS
     if RULES[rule].whole_canvas:

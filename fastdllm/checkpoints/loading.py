@@ -123,6 +123,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         model_cls.check_loaded(report)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
+        if hasattr(model, "read_files"):         # files beside the weights (Nemotron's linear_spec_lora)
+            model.read_files(path)
         model.eval().prepare_for_inference(pack=pack_weights and not cpu_quant)
         parameters = sum(p.numel() for p in model.parameters())
         if cpu_quant:

@@ -27,6 +27,7 @@ class DecodeConfig:
     block_align: str | None = field(default=None, metadata={"choices": ("prompt", "grid"), "help": "where the first block starts: prompt = at the prompt's end; grid = at the multiple of block_len at or before it, the first block holding the prompt's tail and the last ending at the answer's end (dInfer's evaluation scripts' start_block_align); unset: prompt, or grid for block-causal families (always)"})
     sub_block_len: int | None = field(default=None, metadata={"min": 1, "help": "decode each block in sub-blocks of this many tokens, left to right (Fast-dLLM v2)"})
     cache: str = _choice(*CACHE_MODES, help="KV cache mode")
+    mode: str = _choice("diffusion", "ar", "self_spec", help="Nemotron-Labs Diffusion's decoders: diffusion = its block decoding (generate), ar = one token per causal forward (ar_generate), self_spec = bidirectional drafts of block_len verified causally (linear_spec_generate, one prompt at a time); other families decode by diffusion only")
     rule: str = _choice(*RULES, help="commit rule (how many tokens per step)")
     threshold: float = field(default=0.9, metadata={"gt": 0.0, "max": 1.0, "help": "threshold rule: commit if confidence >= this"})
     factor: float = field(default=1.0, metadata={"gt": 0.0, "help": "factor rule: largest n with (n+1)(1-c_n) < factor"})

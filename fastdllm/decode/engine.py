@@ -64,14 +64,26 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
             holes: list[tuple[int, int]] | None = None, generators: list[torch.Generator] | None = None,
             constraints: list[Compiled | None] | None = None):
     """The stepper of this model's decoder, with the same events and result: the mask loop (Batch),
-    or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue)."""
+    or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue),
+    or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion), or LLaDA2.2's InDel
+    stepper (indel.InDelBatch)."""
+    sampler = getattr(decoder.model, "sampler", "mask")
+    if sampler == "seeded":
+        from .seeded import SeededBatch, refuse
+        from .speculative import SpeculativeBatch
+
+        refuse(decoder, cfg, holes, constraints)
+        return (SeededBatch if cfg.mode == "diffusion" else SpeculativeBatch)(decoder, prompts, cfg, gen_lens)
+    if cfg.mode != "diffusion":
+        raise UserError(f"mode {cfg.mode}: {decoder.name} decodes by diffusion only (ar and self_spec are "
+                        f"Nemotron-Labs Diffusion's decoders)")
     if cfg.indel:
         if holes is not None or (constraints and any(constraints)):
             raise UserError("indel moves tokens inside a block: not combined with infilling or structured output")
         from .indel import InDelBatch
 
         return InDelBatch(decoder, prompts, cfg, gen_lens)
-    if getattr(decoder.model, "sampler", "mask") != "renoise":
+    if sampler != "renoise":
         return Batch(decoder, prompts, cfg, gen_lens, holes, constraints)
     if constraints and any(constraints):
         raise UserError(f"structured output: {decoder.name} rewrites every position every step, so no prefix "

@@ -36,6 +36,9 @@ FAMILY_DEFAULTS = {
     "LLaDAMoEModelLM": ("llada-moe", lambda c, g: {
         "block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}),
     "diffusion_gemma": ("diffusion-gemma", _diffusion_gemma),
+    # the checkpoint's generate with the model card's block_length 32, threshold 0.9 (docs/nemotron-diffusion.md 3)
+    "nemotron_labs_diffusion": ("nemotron-diffusion", lambda c, g: {
+        "block_len": c.get("block_size") or 32, "rule": "threshold", "threshold": 0.9, "cache": "prefix"}),
     # RND1's diffusion_sample (docs/rnd1.md 5): one global canvas (the rule sets block_len to
     # gen_len), its entropy schedule over num_diffusion_steps steps, no cache (the reference
     # recomputes the whole canvas every step)

@@ -12,6 +12,7 @@ from .fast_dllm_qwen import FastDLLMQwenConfig, FastDLLMQwenForCausalLM
 from .llada import LLaDAConfig, LLaDAModelLM
 from .llada2_moe import BailingMoeV2Config, LLaDA2MoeConfig, LLaDA2MoeModelLM
 from .llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
+from .nemotron_labs_diffusion import NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel
 from .rnd1 import RND1LM, RND1Config
 from .sdar import SDARConfig, SDARForCausalLM
 from .sdar_moe import SDARMoeConfig, SDARMoeForCausalLM
@@ -31,6 +32,7 @@ FAMILIES: dict[str, list[Family]] = {
     "llada2_moe": [(LLaDA2MoeConfig, LLaDA2MoeModelLM, _LLADA2)],
     "bailing_moe_v2": [(BailingMoeV2Config, LLaDA2MoeModelLM, _LLADA2)],
     "rnd1": [(RND1Config, RND1LM, ("RND1", "RND1LM"))],
+    "nemotron_labs_diffusion": [(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, ("NemotronLabsDiffusionModel",))],
     "diffusion_gemma": [(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
                          ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))],
 }

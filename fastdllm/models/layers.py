@@ -107,7 +107,7 @@ def keep_4bit_portable(lin: nn.Module) -> bool:
 
 
 def linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    if lin.weight.is_mkldnn:
+    if getattr(lin.weight, "is_mkldnn", False):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lin.weight, lin.bias, "none", [], "")
     return lin(x)
 
@@ -125,13 +125,14 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
                    cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None,
                    cache: CanvasCache, layer: int, start: int, rows: torch.Tensor | None = None,
                    q_norm: nn.Module | None = None, k_norm: nn.Module | None = None,
-                   qkv_sizes: list[int] | None = None) -> torch.Tensor:
+                   qkv_sizes: list[int] | None = None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of the span x (B, S, d) at canvas offset `start` to the whole canvas, under
     `key_mask` (B, 1, 1 or S, T): padding, and for block-causal families the block structure.
     Every span position's keys/values are stored; outputs are computed for `rows` (B, K) only
     when given (the last layer: only positions whose logits are wanted need an output).
     q_norm / k_norm: Qwen3's per-head RMSNorm, applied before RoPE. `qkv_sizes`: the checkpoint
-    stores q/k/v as one matrix (LLaDA2's query_key_value, passed as q_proj) of these row counts."""
+    stores q/k/v as one matrix (LLaDA2's query_key_value, passed as q_proj) of these row counts.
+    `q_scale` (B, S): a factor per query after RoPE (Nemotron-Labs Diffusion's Llama-4 scaling)."""
     B, S, _ = x.shape
     q, k, v = linear(x, q_proj).split(qkv_sizes, -1) if qkv_sizes else project(x, q_proj, k_proj, v_proj)
     qk = torch.cat([q, k], -1).view(B, S, n_heads + n_kv_heads, head_dim)
@@ -139,6 +140,8 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
         qk = torch.cat([q_norm(qk[:, :, :n_heads]), k_norm(qk[:, :, n_heads:])], 2)
     qk = apply_rotary(qk, cos, sin)                                    # one rotation for q and k
     q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)   # (B, H, S, D), (B, H_kv, S, D)
+    if q_scale is not None:
+        q = q * q_scale[:, None, :, None].to(q.dtype)
     v = v.reshape(B, S, n_kv_heads, head_dim).transpose(1, 2)
     keys, values = cache.store(layer, start, k, v)                    # (B, H_kv, T, D)
     if rows is not None:
