@@ -117,6 +117,8 @@ def test_refusals(model, tmp_path):
     lm, _ = model
     with pytest.raises(Exception, match="indel: set edit_threshold"):
         DecodeConfig(indel=True)
+    with pytest.raises(Exception, match="rule local_leap is not combined with it"):
+        DecodeConfig(indel=True, edit_threshold=0.0, rule="local_leap")
     with pytest.raises(UserError, match="greedy"):
         run(lm.decoder, [prompt_of(5)], DecodeConfig(gen_len=32, indel=True, edit_threshold=0.0, temperature=0.5))
     plain = write_llada2_2(tmp_path / "no-edit-tokens")

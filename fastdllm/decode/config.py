@@ -98,6 +98,9 @@ class DecodeConfig:
         if self.indel and (self.edit_threshold is None or self.credit or self.prophet or self.dpad_window):
             raise ConfigError("indel: set edit_threshold (0 in LLaDA2.2's Speed mode); not combined with credit, "
                               "prophet or dpad")
+        if self.indel and self.rule not in ("dynamic", "threshold"):
+            raise ConfigError(f"indel commits by its own rule (masks above threshold, at least one more than the masks "
+                              f"its edits opened); rule {self.rule} is not combined with it (use dynamic)")
         if self.credit and rule.renoise:
             raise ConfigError(f"credit accumulates over a masked block's steps; the {self.rule} rule resamples whole canvases")
         if self.credit and self.edit_threshold is not None:
