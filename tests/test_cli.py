@@ -241,3 +241,14 @@ def test_info(llada_dir, dream_dir):
     assert data["memory"]["4bit"]["weights"] < data["memory"]["8bit"]["weights"] < data["memory"]["bf16"]["weights"]
     r = invoke("info", dream_dir)
     assert "151666" in r.stdout and "151645" in r.stdout and "Dream" in r.stdout
+
+
+def test_info_on_a_directory_without_weights_is_one_line(llada_dir, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(llada_dir / "config.json", bare / "config.json")        # a download that stopped early
+    r = invoke("info", bare)
+    assert r.exit_code == 1 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "no weights to read" in r.stderr and "model.safetensors" in r.stderr

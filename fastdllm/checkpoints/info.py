@@ -10,6 +10,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from ..errors import UserError
 from .family import family_of, read_config
 from .specials import load_tokenizer, special_tokens
 
@@ -27,7 +28,12 @@ def inspect_checkpoint(path: Path) -> dict:
     raw = read_config(path)
     config, model_cls, warnings = family_of(raw, path, refuse=False)     # info shows a refusal, as a warning
     shapes, dtypes = {}, Counter()
-    for shard in shard_files(path):
+    shards = shard_files(path)
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:                     # a download that stopped after config.json, or a bare config
+        raise UserError(f"{path}: no weights to read: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                        f"missing (a catalog model's figures without its files: fastdllm show NAME)")
+    for shard in shards:
         with safe_open(str(shard), "pt") as f:
             for name in f.keys():
                 piece = f.get_slice(name)
