@@ -301,8 +301,9 @@ def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_session(llada_dir, tmp_p
     import termios
 
     exe = str(Path(sys.executable).with_name("fastdllm"))
-    # slow on purpose (512 one-token steps, no cache, no early stop) so that Ctrl+C lands mid-answer
-    args = [exe, "chat", "-m", str(llada_dir), "-n", "512", "--block-len", "32", "--cache", "none",
+    # slow on purpose (1024 one-token steps, no cache, no early stop) so that Ctrl+C lands mid-answer
+    # (512 took 3.6 s on a quiet 2-core machine: the answer could end before the key arrived)
+    args = [exe, "chat", "-m", str(llada_dir), "-n", "1024", "--block-len", "32", "--cache", "none",
             "--rule", "fixed", "--no-early-stop"]
     # FASTDLLM_CPU_DTYPE stays: the suite's fp32 pin of --dtype auto (conftest.py)
     env = {k: v for k, v in os.environ.items()

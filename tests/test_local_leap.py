@@ -13,10 +13,10 @@ import torch
 from conftest import HEAVY_PROMPT
 from reference_local_leap import generate_local_leap
 from test_cli import invoke
+from test_dus import ours
 
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig
-from fastdllm.decode.engine import StepEvent, generate
 from fastdllm.decode.selection import select
 from fastdllm.errors import UserError
 
@@ -43,19 +43,6 @@ def test_the_anchors_and_their_confident_neighbours_are_chosen():
     assert positions[select(conf, candidate, cfg, torch.tensor([2]), positions)].tolist() == [10, 15, 17]
     with pytest.raises(UserError, match="no candidate positions"):
         select(conf, candidate, cfg, torch.tensor([2]))
-
-
-def ours(lm, prompts, cfg):
-    """Per row and step: the committed (generation-relative position, token) pairs; the Result."""
-    steps, result = [[] for _ in prompts], None
-    for event in generate(lm.decoder, prompts, cfg):
-        if not isinstance(event, StepEvent):
-            result = event
-            continue
-        for r in range(len(prompts)):
-            hit = event.committed[r]
-            steps[r].append(sorted(zip(event.positions[r][hit].tolist(), event.tokens[r][hit].tolist())))
-    return steps, result
 
 
 def theirs(lm, prompt, cfg):

@@ -124,6 +124,15 @@ def finish_result(batch, answers: list[list[int]], region: torch.Tensor, holes=N
         cache_bytes=batch.cache.nbytes, config=batch.cfg, batch=len(batch.prompts), holes=holes, steps=steps)
 
 
+def plain_result(batch, region: torch.Tensor, steps=None) -> Result:
+    """finish_result for a stepper whose answers are its region's tokens before the first end token
+    (renoise, seeded, speculative, InDel)."""
+    specials = batch.decoder.specials
+    stops = torch.tensor(specials.stops)
+    answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, batch.gen_lens)]
+    return finish_result(batch, answers, region, steps=steps)
+
+
 def answer_ids(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
     """Tokens before the first end token (or before the first undecoded position)."""
     end = torch.isin(row, stops) | (row == mask)

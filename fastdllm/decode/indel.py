@@ -19,7 +19,7 @@ import torch
 from ..errors import UserError
 from .cache_modes import span_for
 from .canvas import answer_ended, generated, plan
-from .events import BlockEvent, Result, StepEvent, answer_ids, finish_result, reset_peak_memory
+from .events import BlockEvent, Result, StepEvent, plain_result, reset_peak_memory
 from .graphs import SpanForward
 from .step import complete_block
 
@@ -188,8 +188,4 @@ class InDelBatch:
         return generated(self.canvas, self.decoder.specials.mask)
 
     def result(self) -> Result:
-        specials = self.decoder.specials
-        region = self.generated()
-        stops = torch.tensor(specials.stops)
-        answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
-        return finish_result(self, answers, region)
+        return plain_result(self, self.generated())

@@ -31,8 +31,7 @@ from .events import (
     BlockEvent,
     Result,
     StepEvent,
-    answer_ids,
-    finish_result,
+    plain_result,
     reset_peak_memory,
 )
 from .rules import RULES
@@ -146,11 +145,7 @@ class RenoiseBatch:
         return generated(self.canvas, self.decoder.specials.mask)
 
     def result(self) -> Result:
-        specials = self.decoder.specials
-        region = self.generated()
-        stops = torch.tensor(specials.stops)
-        answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
-        return finish_result(self, answers, region, steps=self.steps)
+        return plain_result(self, self.generated(), steps=self.steps)
 
 
 def row_generator(device: torch.device, seed: int) -> torch.Generator:

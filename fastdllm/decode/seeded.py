@@ -20,7 +20,7 @@ from ..errors import UserError
 from .canvas import answer_ended, generated, plan
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, answer_ids, finish_result, reset_peak_memory
+from .events import BlockEvent, Result, StepEvent, plain_result, reset_peak_memory
 from .rules import RULES
 from .selection import block_schedule, predict, select
 
@@ -126,10 +126,7 @@ class SeededBatch:
         return generated(self.canvas, self.decoder.specials.mask)
 
     def result(self) -> Result:
-        specials = self.decoder.specials
-        region, stops = self.generated(), torch.tensor(specials.stops)
-        answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
-        return finish_result(self, answers, region)
+        return plain_result(self, self.generated())
 
 
 def _ended_in_block(block: torch.Tensor, stops: torch.Tensor, mask: int) -> torch.Tensor:
