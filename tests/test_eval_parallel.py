@@ -171,7 +171,7 @@ def test_a_failing_rank_is_one_line_and_the_finished_tasks_are_kept(llada_dir, t
 
 def test_bench_two_processes_merge_into_the_single_process_table(llada_dir, tmp_path):
     bench = ["bench", "-m", llada_dir, "--dtype", "fp64", "--configs", "baseline,parallel", "-n", "16",
-             "--block-len", "8", "--n-prompts", "3", "--prompt-set", "code", "--warmup", "0"]
+             "--block-len", "8", "--n-prompts", "3", "--prompt-set", "code", "--warmup", "0", "-r", "1"]
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     r1 = run(fastdllm(*bench, "--output", one))
     r2 = run(fastdllm(*bench, "--output", two, "--num-processes", "2"))
@@ -182,7 +182,9 @@ def test_bench_two_processes_merge_into_the_single_process_table(llada_dir, tmp_
     assert [{k: x[k] for k in same} for x in b] == [{k: x[k] for k in same} for x in a]
     assert b[0]["processes"] == 2 and [x["prompts"] for x in b[0]["ranks"]] == [2, 1]
     assert sum(x["generated_tokens"] for x in b[0]["ranks"]) == b[0]["generated_tokens"]
-    assert b[0]["seconds"] == pytest.approx(max(x["seconds"] for x in b[0]["ranks"]), abs=2e-4)
+    # one repetition: its seconds are its slowest rank's (with more, the median of the slowest ranks'
+    # seconds is not the slowest rank's median, and the two need not agree)
+    assert b[0]["seconds"] == max(x["seconds"] for x in b[0]["ranks"])
 
 
 BENCH = ["bench", "--dtype", "fp64", "--configs", "baseline", "-n", "8", "--block-len", "8", "--n-prompts", "2",
