@@ -220,7 +220,7 @@ def test_bench_baseline_uses_the_family_block(sdar):
 
     lm, _ = sdar
     r = cli("bench", "-m", lm.path, "-n", "16", "-c", "baseline,prefix+parallel", "--n-prompts", "1",
-            "--warmup", "0", "-o", "jsonl")
+            "--warmup", "0", "-r", "1", "-o", "jsonl")
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert {row["block_len"] for row in rows} == {4} and rows[0]["config"] == "baseline"
     assert rows[0]["tokens_per_forward"] < 1.0                  # one token per step, plus store passes

@@ -148,7 +148,7 @@ COMMANDS = {
     "generate": ["generate", "-n", "32", "hi"],
     "chat": ["chat"],
     "serve": ["serve", "--port", "0"],
-    "bench": ["bench", "-n", "32", "--configs", "baseline", "--n-prompts", "1"],
+    "bench": ["bench", "-n", "32", "--configs", "baseline", "--n-prompts", "1", "-r", "1"],
     "eval": ["eval", "--tasks", "tiny_next_line", "--include-path", str(Path(__file__).parent / "eval_task"),
              "--limit", "1"],
 }

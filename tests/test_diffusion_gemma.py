@@ -258,7 +258,7 @@ def test_bench_rows_vary_the_sampler(gemma_dir, ours):
     from test_blockdiff import cli
 
     r = cli("bench", "-m", gemma_dir, "--dtype", "fp64", "-n", str(C), "--n-prompts", "1", "--warmup", "0",
-            "--prompt-set", "code", "--raw", "-o", "json")
+            "--prompt-set", "code", "-r", "1", "--raw", "-o", "json")
     assert r.exit_code == 0, r.stderr
     records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
     assert list(records) == ["baseline", "fewer-steps", "looser-bound"]

@@ -270,7 +270,7 @@ def test_bench_counts_edits_per_block(models):
 
     lm, _ = models["llada2"]
     r = cli("bench", "-m", lm.path, "--dtype", "fp64", "-n", "64", "--n-prompts", "1", "--warmup", "0",
-            "-c", "edit-speed,speed-no-edit", "--no-early-stop", "-o", "json")
+            "-c", "edit-speed,speed-no-edit", "--no-early-stop", "-r", "1", "-o", "json")
     assert r.exit_code == 0, r.stderr
     records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
     assert records["speed-no-edit"]["edits_per_block"] is None

@@ -145,7 +145,7 @@ def test_stats_block_keeps_one_figure_per_line(llada_dir, monkeypatch):
 # --- 5. bench never throws away a sweep ----------------------------------------------------------
 
 BENCH = ["bench", "-n", "16", "--block-len", "8", "-c", "baseline,dual,dual+parallel", "--n-prompts", "1",
-         "--warmup", "0"]
+         "--warmup", "0", "-r", "1"]
 
 
 @pytest.mark.parametrize("where", ["missing/r.jsonl", "."])

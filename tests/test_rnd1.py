@@ -301,7 +301,7 @@ def test_quantized_on_cpu(checkpoints, quantize):
 
 def test_bench_rows_for_a_whole_canvas_schedule(checkpoints):
     lm, _ = checkpoints("main")
-    r = cli("bench", "-m", lm.path, "-n", "32", "--n-prompts", "1", "--warmup", "0", "--raw", "-o", "json")
+    r = cli("bench", "-m", lm.path, "-n", "32", "--n-prompts", "1", "--warmup", "0", "-r", "1", "--raw", "-o", "json")
     assert r.exit_code == 0, r.stderr
     records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
     assert list(records) == ["baseline", "fewer-steps", "parallel", "dual+parallel"]
