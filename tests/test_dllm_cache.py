@@ -6,6 +6,8 @@ no cache; a left-padded batch equal to its rows; the refusals; the profile on th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
@@ -117,3 +119,40 @@ def test_refusals(llada64, dream64):
         one_line_refusal(lambda: cache_cfg(**bad), message, ConfigError)
     one_line_refusal(lambda: run(llada64.decoder, [prompt + [llada64.specials.mask] * 8 + prompt], cache_cfg(),
                                  holes=[(len(prompt), len(prompt) + 8)]), "infilling")
+
+
+def test_device_step_and_graphs_off(llada64, monkeypatch):
+    """Where CUDA graphs would run (the forward built with graphs and the device step), the engine
+    turns graphs off (the layers branch on the host's step count) and the eager device step decodes
+    as the host path."""
+    from fastdllm.decode import engine
+
+    prompt = prompt_of(llada64, False)
+    host = ours(llada64, [prompt], cache_cfg())
+    used = []
+
+    def factory(cls, model, canvas, cache, widen=True):
+        used.append(cls(model, canvas, cache, graphs=True, full_block=True, widen=widen, device_step=True))
+        return used[-1]
+
+    monkeypatch.setattr(engine.SpanForward, "for_model", classmethod(factory))
+    device = ours(llada64, [prompt], cache_cfg())
+    assert used and not used[0].graphs and engine.DeviceStep.applies(cache_cfg(), False)
+    assert device[:2] == host[:2] and device[2].canvas.tolist() == host[2].canvas.tolist()
+
+
+def test_cli_generate_with_the_profile_on_the_builtin_model():
+    from test_cli import invoke
+
+    from fastdllm.decode.profiles import find
+
+    profile = find("dllm-cache")
+    assert profile.values == dict(cache="dllm_cache", block_len=8, rule="fixed", steps=None, prompt_interval=50,
+                                  gen_interval=7, transfer_ratio=0.25)
+    r = invoke("generate", "--profile", "dllm-cache", "-n", "32", "--json", "def add(a, b):")
+    assert r.exit_code == 0, r.stderr
+    record = json.loads(r.stdout)
+    config = record["config"]
+    assert record["profile"] == "dllm-cache" and config["cache"] == "dllm_cache"
+    assert (config["prompt_interval"], config["gen_interval"], config["transfer_ratio"]) == (50, 7, 0.25)
+    assert 0 < record["nfe"] <= 32

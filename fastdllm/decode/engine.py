@@ -270,7 +270,8 @@ def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -
 def feature_cache(cfg: DecodeConfig, canvas, holes) -> FeatureCache:
     """dLLM-Cache's state for this generation: the canvas splits at the prompts' common end."""
     if holes is not None:
-        raise UserError(f"cache {cfg.cache} splits the canvas into prompt and answer; infilling's holes lie inside the text")
+        raise UserError(f"cache {cfg.cache} splits the canvas into prompt and answer; infilling's holes lie inside "
+                        f"the text")
     assert len(set(canvas.starts)) == 1, "left-padded canvas: one prompt end for every row"
     return FeatureCache(canvas.starts[0], cfg.prompt_interval, cfg.gen_interval, cfg.transfer_ratio)
 
