@@ -156,3 +156,14 @@ def test_cli_generate_with_the_profile_on_the_builtin_model():
     assert record["profile"] == "dllm-cache" and config["cache"] == "dllm_cache"
     assert (config["prompt_interval"], config["gen_interval"], config["transfer_ratio"]) == (50, 7, 0.25)
     assert 0 < record["nfe"] <= 32
+
+
+def test_cache_bytes_count_the_features(llada64):
+    """The result's cache bytes: the K/V buffers plus two (B, T, d) feature tensors per layer."""
+    prompt = prompt_of(llada64, False)
+    cfg = cache_cfg()
+    result = run(llada64.decoder, [prompt], cfg)
+    plain = run(llada64.decoder, [prompt], cache_cfg(cache="dkv", prompt_interval=50))
+    c = llada64.model.config
+    T = len(prompt) + cfg.gen_len
+    assert result.cache_bytes == plain.cache_bytes + 2 * c.n_layers * T * c.d_model * 8     # float64

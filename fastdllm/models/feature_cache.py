@@ -95,6 +95,10 @@ class FeatureCache:
         values[:, :, P:] = new.view(B, T - P, values.shape[1], values.shape[3]).transpose(1, 2)
         return P + similarity.topk(n, dim=1, largest=False).indices
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.attn.values(), *self.ffn.values()])
+
     @staticmethod
     def keep(store: dict, layer: int, features: torch.Tensor) -> torch.Tensor:
         store[layer] = features

@@ -102,6 +102,7 @@ class CanvasCache:
 
     @property
     def nbytes(self) -> int:
+        features = 0 if self.features is None else self.features.nbytes   # dllm_cache's (B, T, d) pairs
         if self.keys is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+            return features
+        return features + sum(t.numel() * t.element_size() for t in self.keys + self.values)
