@@ -184,7 +184,8 @@ def dllm_cache_generate(lm, prompt, *, gen_length, block_length, steps, prompt_i
     num_blocks = gen_length // block_length
     spb = steps // num_blocks
     cache = TheirCache(net.L, P, prompt_interval_steps, gen_interval_steps, transfer_ratio)
-    emb, head = net.w("model.transformer.wte.weight"), net.w("model.transformer.ff_out.weight")
+    emb = net.w("model.embed_tokens.weight" if net.dream else "model.transformer.wte.weight")
+    head = net.w("lm_head.weight" if net.dream else "model.transformer.ff_out.weight")
     nfe = 0
     for b in range(num_blocks):
         s, e = P + b * block_length, P + (b + 1) * block_length
@@ -194,7 +195,10 @@ def dllm_cache_generate(lm, prompt, *, gen_length, block_length, steps, prompt_i
             h = emb[x]
             for layer in range(net.L):
                 h = hooked_layer(net, layer, h, cache, trace)
-            logits = (net.norm(h, "model.transformer.ln_f") @ head.T)[:, P:]
+            logits = net.norm(h, "model.norm" if net.dream else "model.transformer.ln_f") @ head.T
+            if net.dream:                                     # position p from slot p - 1
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+            logits = logits[:, P:]
             nfe += 1
             p = torch.softmax(logits, -1)                     # float64, the mask id included
             if ban_mask:

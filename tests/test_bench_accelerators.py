@@ -95,7 +95,7 @@ def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     dpad = "dpad drops attention to the masked suffix; tiny-sdar attends block-causally and never sees it"
     dkv = ("cache dkv delays caching of decoded tokens under bidirectional attention; tiny-sdar's finished "
            "blocks are already final (use prefix)")
-    feature = "cache dllm_cache: built for LLaDA only (its block hosts the feature cache); tiny-sdar is refused"
+    feature = "cache dllm_cache: built for LLaDA and Dream only (their blocks host the feature cache); tiny-sdar is refused"
     assert left_out == [f"{r}: {dpad}" for r in ("dpad", "prefix+parallel+dpad", "dual+parallel+dpad")] + [
         f"{r}: {dkv}" for r in ("dkv", "dkv+parallel")] + [
         f"{r}: {feature}" for r in ("dllm-cache", "dllm-cache+parallel")]

@@ -56,14 +56,18 @@ def assert_equal_to_theirs(lm, prompts, cfg):
     return our_trace
 
 
-@pytest.mark.parametrize("fixture, boundary", [("llada64", False), ("llada64", True), ("llada64_heavy_mask", False)])
-def test_step_by_step_equal_to_their_decoder(fixture, boundary, request):
+@pytest.mark.parametrize("fixture, boundary, gen_len", [("llada64", False, 32), ("llada64", True, 32),
+                                                        ("llada64_heavy_mask", False, 32), ("dream64", False, 16)])
+def test_step_by_step_equal_to_their_decoder(fixture, boundary, gen_len, request):
     """Blocks of 8, one token a step, Kp 5, Kr 3, r 0.25: refreshes of each part alone, of both,
-    and partial updates between them all happen, and match theirs at every layer of every step."""
+    and partial updates between them all happen, and match theirs at every layer of every step.
+    Dream: their Dream hook's branches (the same as LLaDA's) in LLaDA's loop, logits shifted
+    (docs/accelerators.md 5.1: their Dream loop, Dream's own sampler, is not transcribed); 16
+    tokens (its 152k-word head makes the transcription slow)."""
     lm = request.getfixturevalue(fixture)
     prompt = prompt_of(lm, boundary)
     assert (len(prompt) % 16 == 0) == boundary
-    trace = assert_equal_to_theirs(lm, [prompt], cache_cfg())
+    trace = assert_equal_to_theirs(lm, [prompt], cache_cfg(gen_len=gen_len))
     cached = [t for t in trace if t[1] > 0]
     kinds = {(p, r, picked is not None) for _, _, p, r, picked in cached}
     assert kinds == {(True, True, False), (True, False, True), (False, True, False), (False, False, True)}
@@ -97,21 +101,29 @@ def ours_plain(lm, prompts, cfg):
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please.", "What is 2 + 2?"]
 
 
-def test_left_padded_batch_equals_its_rows(llada64):
+@pytest.mark.parametrize("fixture", ["llada64", "dream64"])
+def test_left_padded_batch_equals_its_rows(fixture, request):
     """Padding belongs to the prompt part and is masked out of attention; the response part and the
     schedule are the same, so each row commits as it does alone."""
-    prompts = [llada64.encode(p, chat=True) for p in PROMPTS]
+    lm = request.getfixturevalue(fixture)
+    prompts = [lm.encode(p, chat=True) for p in PROMPTS]
     assert len({len(p) for p in prompts}) == 3
     cfg = cache_cfg(gen_len=16)
-    events = [e for e in generate(llada64.decoder, prompts, cfg) if isinstance(e, StepEvent)]
+    events = [e for e in generate(lm.decoder, prompts, cfg) if isinstance(e, StepEvent)]
     for row, prompt in enumerate(prompts):
-        alone = [e for e in generate(llada64.decoder, [prompt], cfg) if isinstance(e, StepEvent)]
+        alone = [e for e in generate(lm.decoder, [prompt], cfg) if isinstance(e, StepEvent)]
         assert row_steps(events, row) == row_steps(alone, 0)
 
 
-def test_refusals(llada64, dream64):
+def test_refusals(llada64, tmp_path_factory):
+    from fastdllm.checkpoints import loading
+    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+
+    sdar = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp32")
+    one_line_refusal(lambda: run(sdar.decoder, [[5, 6, 7]], DecodeConfig(gen_len=16, block_len=4, cache="dllm_cache")),
+                     "cache dllm_cache: built for LLaDA and Dream only (their blocks host the feature cache); "
+                     "tiny-sdar is refused")
     prompt = llada64.encode(HEAVY_PROMPT, chat=True)
-    one_line_refusal(lambda: run(dream64.decoder, [prompt], cache_cfg()), "built for LLaDA only")
     for bad, message in [(dict(refresh_every=4), "unset refresh_every"), (dict(block_align="grid", rule="threshold"),
                          "not combined with block_align grid"), (dict(dpad_window=8), "not combined with dpad"),
                          (dict(gen_interval=0), "gen_interval: 0 is below the minimum 1"),

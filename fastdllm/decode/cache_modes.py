@@ -63,7 +63,7 @@ CACHE_MODES: dict[str, CacheMode] = {m.name: m for m in [
               "each step, a full refresh every refresh_every steps (bidirectional families)", delayed=True),
     CacheMode("dllm_cache", True, lambda s, e, T: (0, T), lambda s, e, sub: (0, e),
               "dLLM-Cache: per layer the prompt's and response's attention/FFN outputs cached, refreshed every "
-              "prompt_interval / gen_interval steps, transfer_ratio of the response recomputed between (LLaDA)",
+              "prompt_interval / gen_interval steps, transfer_ratio of the response recomputed between (LLaDA, Dream)",
               features=True),
 ]}
 

@@ -70,7 +70,7 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     stepper (indel.InDelBatch)."""
     sampler = getattr(decoder.model, "sampler", "mask")
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:
-        raise UserError(f"cache {cfg.cache}: built for LLaDA only (its block hosts the feature cache); "
+        raise UserError(f"cache {cfg.cache}: built for LLaDA and Dream only (their blocks host the feature cache); "
                         f"{decoder.name} is refused")
     if sampler == "seeded":
         from .seeded import SeededBatch, refuse

@@ -17,7 +17,7 @@ What a layer keeps: its keys/values in the CanvasCache buffers (after RoPE, at f
 and here its attention output (after the output projection) and FFN output, (B, T, d) each. A
 recomputed slot's queries attend to the whole buffer (fresh K/V where recomputed, cached elsewhere).
 The family's block provides `attn_norm`, `attend` (the family's self-attention over a span or a
-position set, storing its K/V), `ffn` (norm + MLP) and `values` (V alone); LLaDA's does.
+position set, storing its K/V), `ffn` (norm + MLP) and `values` (V alone); LLaDA's and Dream's do.
 """
 
 from __future__ import annotations
