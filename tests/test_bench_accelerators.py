@@ -59,6 +59,8 @@ def test_rows_are_the_methods_profiles(llada_dir):
         "dual+parallel+dpad": ("dual", "threshold", 32, False, False, 256),
         "dkv": ("dkv", "fixed", 64, False, False, None),
         "dkv+parallel": ("dkv", "threshold", 64, False, False, None),
+        "dllm-cache": ("dllm_cache", "fixed", 8, False, False, None),
+        "dllm-cache+parallel": ("dllm_cache", "threshold", 8, False, False, None),
         "local-leap": ("none", "local_leap", 32, False, False, None),
         "dual+local-leap": ("dual", "local_leap", 32, False, False, None),
     }
@@ -93,8 +95,10 @@ def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     dpad = "dpad drops attention to the masked suffix; tiny-sdar attends block-causally and never sees it"
     dkv = ("cache dkv delays caching of decoded tokens under bidirectional attention; tiny-sdar's finished "
            "blocks are already final (use prefix)")
+    feature = "cache dllm_cache: built for LLaDA and Dream only (their blocks host the feature cache); tiny-sdar is refused"
     assert left_out == [f"{r}: {dpad}" for r in ("dpad", "prefix+parallel+dpad", "dual+parallel+dpad")] + [
-        f"{r}: {dkv}" for r in ("dkv", "dkv+parallel")]
+        f"{r}: {dkv}" for r in ("dkv", "dkv+parallel")] + [
+        f"{r}: {feature}" for r in ("dllm-cache", "dllm-cache+parallel")]
 
 
 def test_agreement_is_computed_and_an_identical_config_agrees_fully(llada64, one_thread):

@@ -39,6 +39,9 @@ ACCELERATORS = [
     ("dual+parallel+dpad", "dpad", {"cache": "dual"}, "DPad on DualCache + threshold 0.9"),
     ("dkv", "dkv", {}, "dKV-Cache-Decode as its README runs it (blocks of 64, one token a step, refresh every 8)"),
     ("dkv+parallel", "dkv", PARALLEL, "dKV-Cache with Fast-dLLM's threshold 0.9"),
+    ("dllm-cache", "dllm-cache", {},
+     "dLLM-Cache in its LLaDA-Instruct GSM8K setting (blocks of 8, one token a step, Kp 50, Kr 7, r 0.25)"),
+    ("dllm-cache+parallel", "dllm-cache", PARALLEL, "dLLM-Cache's feature cache under Fast-dLLM's threshold 0.9"),
     ("local-leap", "local-leap", {}, "LocalLeap alone (no cache, one anchor a step, leaps of 4 at 0.9 / 0.75)"),
     ("dual+local-leap", "local-leap", {"cache": "dual"}, "LocalLeap's anchors and leaps on DualCache"),
 ]

@@ -12,6 +12,8 @@ other steps of the block:
     prefix   [0, T)           [block_start, T)
     dual     [0, T)           [block_start, block_end)
     dkv      [0, T)           the slots not cached yet, anywhere in the canvas (a position set)
+    dllm_cache [0, T)         [0, T), each layer's attention/FFN taken from its feature cache
+                              except where its schedule recomputes them (models/feature_cache.py)
 
 dkv is dKV-Cache-Decode (horseee/dKV-Cache, docs/accelerators.md 5.2), the delayed cache: a slot's
 keys/values are cached one step after its position is decoded, and every other slot is recomputed
@@ -19,6 +21,11 @@ every step. So its steps 0 and 1 (nothing is cached before step 1's forward) and
 `refresh_every`-th are full; between them a step recomputes the slots whose logit position
 (slot + logit shift) was masked at the start of the previous step: every mask, and the positions
 the previous step committed (models/kv_cache.Slots; the engine builds the set from its host canvas).
+
+dllm_cache is dLLM-Cache (maomaocun/dLLM-cache, docs/accelerators.md 5.1): every step runs the whole
+canvas, and inside each layer the prompt's and the response's features are refreshed on their own
+intervals (prompt_interval, gen_interval), with transfer_ratio of the response recomputed between
+(the slots whose V changed most); the engine attaches the FeatureCache and runs without CUDA graphs.
 
 Under block-causal attention (SDAR, Fast-dLLM v2) finished blocks are final and never recomputed;
 prefix recomputes the block, dual only the current sub-block once its first token is committed
@@ -39,6 +46,7 @@ class CacheMode:
     causal: Callable[[int, int, tuple | None], tuple[int, int]]   # block-causal: (start, end, sub-block) -> span
     help: str
     delayed: bool = False    # dkv: between refreshes a step recomputes a position set, not a span
+    features: bool = False   # dllm_cache: a per-layer feature cache inside the whole-canvas forward
 
 
 CACHE_MODES: dict[str, CacheMode] = {m.name: m for m in [
@@ -53,6 +61,10 @@ CACHE_MODES: dict[str, CacheMode] = {m.name: m for m in [
     CacheMode("dkv", True, lambda s, e, T: (0, T), lambda s, e, sub: (0, e),
               "dKV-Cache-Decode: a position's K/V cached one step after it is decoded, every mask recomputed "
               "each step, a full refresh every refresh_every steps (bidirectional families)", delayed=True),
+    CacheMode("dllm_cache", True, lambda s, e, T: (0, T), lambda s, e, sub: (0, e),
+              "dLLM-Cache: per layer the prompt's and response's attention/FFN outputs cached, refreshed every "
+              "prompt_interval / gen_interval steps, transfer_ratio of the response recomputed between (LLaDA, Dream)",
+              features=True),
 ]}
 
 

@@ -51,6 +51,9 @@ class DecodeConfig:
     max_post_steps: int = field(default=16, metadata={"min": 0, "help": "token editing: the most edit-only rounds after a block has no mask left"})
     indel: bool = field(default=False, metadata={"help": "insert/delete editing (LLaDA2.2, docs/llada2-2.md 3): token editing with edit_threshold plus the checkpoint's DELETE and SPLIT tokens, commits by threshold (at least one more than the masks edits opened)"})
     refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
+    prompt_interval: int = field(default=50, metadata={"min": 1, "help": "cache dllm_cache: recompute the prompt's attention/FFN features every this many steps (their prompt_interval_steps; 1: every step)"})
+    gen_interval: int = field(default=7, metadata={"min": 1, "help": "cache dllm_cache: recompute the response's features every this many steps (their gen_interval_steps)"})
+    transfer_ratio: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0, "help": "cache dllm_cache: between response refreshes, recompute this share of the response, the slots whose value vectors changed most (0: none)"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
     credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators.md 4)"})
     credit_alpha: float = field(default=0.7, metadata={"gt": 0.0, "help": "credit: the weight of log(1 + credit) added to the logits"})
@@ -112,6 +115,8 @@ class DecodeConfig:
             self._check_dpad(rule)
         if self.block_align == "grid":
             self._check_grid(rule)
+        if CACHE_MODES[self.cache].features:
+            self._check_features(rule)
         if CACHE_MODES[self.cache].delayed and self.sub_block_len is not None:   # (dpad: _check_dpad)
             raise ConfigError(f"cache {self.cache} recomputes masked slots anywhere; unset sub_block_len")
 
@@ -124,6 +129,17 @@ class DecodeConfig:
             if on:
                 raise ConfigError(f"block_align grid: not combined with {name} (its canvas counts blocks from the "
                                   f"prompt's end; use block_align prompt)")
+
+    def _check_features(self, rule) -> None:
+        """dLLM-Cache (models/feature_cache.py) splits one left-padded canvas at the prompt's end."""
+        if rule.renoise:
+            raise ConfigError(f"cache {self.cache} caches a mask decoder's features; the {self.rule} rule resamples whole canvases")
+        if self.refresh_every is not None:
+            raise ConfigError(f"cache {self.cache} refreshes by prompt_interval and gen_interval; unset refresh_every")
+        for on, name in ((self.dpad_window, "dpad"), (self.block_align == "grid", "block_align grid")):
+            if on:
+                raise ConfigError(f"cache {self.cache}: not combined with {name} (it splits the whole canvas at the "
+                                  f"prompt's end, the same slot in every row)")
 
     def _check_dpad(self, rule) -> None:
         """DPad (decode/suffix_dropout.py) drops masked slots after the active block."""

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import UsageError, UserError
+from ..models.feature_cache import FeatureCache
 from ..models.kv_cache import Slots
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
@@ -68,6 +69,9 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion), or LLaDA2.2's InDel
     stepper (indel.InDelBatch)."""
     sampler = getattr(decoder.model, "sampler", "mask")
+    if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:
+        raise UserError(f"cache {cfg.cache}: built for LLaDA and Dream only (their blocks host the feature cache); "
+                        f"{decoder.name} is refused")
     if sampler == "seeded":
         from .seeded import SeededBatch, refuse
         from .speculative import SpeculativeBatch
@@ -145,6 +149,9 @@ class Batch:
         # suffix_dropout.py: DPad's kept suffix, laid out in the cache at every block start (spans end at E)
         self.dpad = cfg.dpad_window and SuffixDropout(cfg, self.canvas, self.cache, decoder.name, self.causal, bool(holes))
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
+        if CACHE_MODES[cfg.cache].features:
+            self.cache.features = feature_cache(cfg, self.canvas, holes)
+            self.forward.graphs = False     # its layers branch on the host's step count: eager forwards
         self.nfe = self.committed = self.edits = self.blocks_done = 0    # edits: tokens overwritten (T2T)
         self.first_step: float | None = None
         # credit.py: CreditDecoding's per-block credit, (B, L, V)
@@ -258,6 +265,15 @@ def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -
         if on:
             raise UsageError(f"structured output: not combined with {name} ({why}; docs/structured-output.md)")
     return True
+
+
+def feature_cache(cfg: DecodeConfig, canvas, holes) -> FeatureCache:
+    """dLLM-Cache's state for this generation: the canvas splits at the prompts' common end."""
+    if holes is not None:
+        raise UserError(f"cache {cfg.cache} splits the canvas into prompt and answer; infilling's holes lie inside "
+                        f"the text")
+    assert len(set(canvas.starts)) == 1, "left-padded canvas: one prompt end for every row"
+    return FeatureCache(canvas.starts[0], cfg.prompt_interval, cfg.gen_interval, cfg.transfer_ratio)
 
 
 def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]], cfg: DecodeConfig):

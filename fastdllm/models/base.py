@@ -31,6 +31,8 @@ class DiffusionLM(PreTrainedModel):
     published_layout: str | None = None
     # Whether a forward can be captured as a CUDA graph (MoE routing sizes its matmuls on the host).
     cuda_graphs = True
+    # Whether its block hosts dLLM-Cache's feature-cached layer (cache mode dllm_cache; LLaDA's does).
+    feature_cache = False
     # RoPE on the first rotary_dim dims of each head (partial rotary; None: all of head_dim).
     rotary_dim: int | None = None
     # Set by each family: number of KV heads, head size, RoPE base, end-of-turn discovery aside.

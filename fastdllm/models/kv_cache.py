@@ -45,6 +45,7 @@ class CanvasCache:
     keys: list[torch.Tensor] | None    # per layer (B, H_kv, T, D), keys stored after RoPE
     values: list[torch.Tensor] | None  # per layer (B, H_kv, T, D)
     block: int | None = None           # block-causal attention: its block size (None: bidirectional)
+    features: object | None = None     # cache mode dllm_cache: its FeatureCache (models/feature_cache.py)
 
     @classmethod
     def allocate(cls, valid: torch.Tensor, *, layers: list[tuple[torch.device, torch.dtype]],
@@ -101,6 +102,7 @@ class CanvasCache:
 
     @property
     def nbytes(self) -> int:
+        features = 0 if self.features is None else self.features.nbytes   # dllm_cache's (B, T, d) pairs
         if self.keys is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+            return features
+        return features + sum(t.numel() * t.element_size() for t in self.keys + self.values)

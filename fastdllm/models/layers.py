@@ -120,6 +120,18 @@ def project(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:
     return tuple(linear(x, lin) for lin in linears)
 
 
+def project_values(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module) -> torch.Tensor:
+    """The V projection alone; under fused q/k/v its rows of the fused matrix (all three where the
+    weight is in oneDNN's packed layout, which cannot be sliced)."""
+    sizes = getattr(q_proj, "fused_sizes", None)
+    if sizes is None:
+        return linear(x, v_proj)
+    w, b, lo = q_proj.weight, q_proj.bias, sizes[0] + sizes[1]
+    if getattr(w, "is_mkldnn", False):
+        return project(x, q_proj, k_proj, v_proj)[2]
+    return F.linear(x, w[lo:], None if b is None else b[lo:])
+
+
 def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module,
                    o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, head_dim: int,
                    cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None,

@@ -8,7 +8,7 @@ from transformers import PretrainedConfig
 
 from .base import DiffusionLM
 from .config_guard import Switch
-from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
+from .layers import RMSNorm, fuse_linears, project_values, self_attention, swiglu, take_rows
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -81,16 +81,29 @@ class LLaDABlock(nn.Module):
         fuse_linears(self.ff_proj, self.up_proj)
 
     def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        x = take_rows(x, rows) + self_attention(self.attn_norm(x), self.q_proj, self.k_proj, self.v_proj, self.attn_out,
-                               n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                               cos=cos, sin=sin, key_mask=key_mask, cache=cache, layer=layer, start=start,
-                               rows=rows)
-        return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
+        if cache.features is not None:     # dLLM-Cache: the layer by its refresh schedule (feature_cache.py)
+            return take_rows(cache.features.layer(self, x, cos, sin, key_mask, cache, layer), rows)
+        x = take_rows(x, rows) + self.attend(self.attn_norm(x), cos, sin, key_mask, cache, layer, start, rows)
+        return x + self.ffn(x)
+
+    def attend(self, h, cos, sin, key_mask, cache, layer: int, start, rows=None):
+        """Self-attention of the normed span (or position set) h, its K/V stored in the cache."""
+        return self_attention(h, self.q_proj, self.k_proj, self.v_proj, self.attn_out, n_heads=self.n_heads,
+                              n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
+                              key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows)
+
+    def ffn(self, x):
+        return swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
+
+    def values(self, h):
+        """V alone (B, S, H_kv * D) of the normed h (dLLM-Cache's similarity test)."""
+        return project_values(h, self.q_proj, self.k_proj, self.v_proj)
 
 
 class LLaDAModelLM(DiffusionLM):
     config_class = LLaDAConfig
     _no_split_modules = ["LLaDABlock"]
+    feature_cache = True     # its block hosts dLLM-Cache's layer (models/feature_cache.py)
 
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)

@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 
 from .base import DecoderStack
 from .config_guard import Switch
-from .layers import RMSNorm, fuse_linears, self_attention, swiglu, take_rows
+from .layers import RMSNorm, fuse_linears, project_values, self_attention, swiglu, take_rows
 
 QWEN_KEYS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=None, head_dim=None, hidden_act="silu",
@@ -93,20 +93,41 @@ class QwenDecoderLayer(nn.Module):
         fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)
 
     def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+        if cache.features is not None:     # dLLM-Cache (Dream): the layer by its refresh schedule (feature_cache.py)
+            return take_rows(cache.features.layer(self, x, cos, sin, key_mask, cache, layer), rows)
         x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
+        return x + self.ffn(x)
+
+    # dLLM-Cache's view of the layer (models/feature_cache.py)
+    @property
+    def attn_norm(self) -> RMSNorm:
+        return self.input_layernorm
+
+    def attend(self, h, cos, sin, key_mask, cache, layer: int, start, rows=None):
+        return attend(self, h, cos, sin, key_mask, cache, layer, start, rows)
+
+    def ffn(self, x):
         m = self.mlp
-        return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+        return swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+
+    def values(self, h):
+        a = self.self_attn
+        return project_values(h, a.q_proj, a.k_proj, a.v_proj)
 
 
 def attention_residual(block: nn.Module, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-    """x + attention(input_layernorm(x)) of a Qwen-style layer (`self_attn.{q,k,v,o}_proj`, q/k
-    norms where present; its n_heads, n_kv_heads, head_dim), at `rows` only when given."""
+    """x + attention(input_layernorm(x)) of a Qwen-style layer, at `rows` only when given."""
+    return take_rows(x, rows) + attend(block, block.input_layernorm(x), cos, sin, key_mask, cache, layer, start, rows)
+
+
+def attend(block: nn.Module, h, cos, sin, key_mask, cache, layer: int, start, rows=None):
+    """Self-attention of the normed span h of a Qwen-style layer (`self_attn.{q,k,v,o}_proj`, q/k
+    norms where present; its n_heads, n_kv_heads, head_dim), its K/V stored in the cache."""
     a = block.self_attn
-    return take_rows(x, rows) + self_attention(
-        block.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
-        n_heads=block.n_heads, n_kv_heads=block.n_kv_heads, head_dim=block.head_dim, cos=cos, sin=sin,
-        key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
-        q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
+    return self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, n_heads=block.n_heads,
+                          n_kv_heads=block.n_kv_heads, head_dim=block.head_dim, cos=cos, sin=sin, key_mask=key_mask,
+                          cache=cache, layer=layer, start=start, rows=rows,
+                          q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
 
 
 class QwenLM(DecoderStack):
