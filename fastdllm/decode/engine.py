@@ -41,6 +41,7 @@ from .events import (
     reset_peak_memory,
 )
 from .graphs import SpanForward
+from .klass import KlassTrace, refuse as refuse_klass
 from .prophet import Prophet
 from .rules import RULES
 from .selection import block_schedule, sub_block
@@ -68,6 +69,8 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion), or LLaDA2.2's InDel
     stepper (indel.InDelBatch)."""
     sampler = getattr(decoder.model, "sampler", "mask")
+    if cfg.rule == "klass":
+        refuse_klass(decoder, cfg)
     if sampler == "seeded":
         from .seeded import SeededBatch, refuse
         from .speculative import SpeculativeBatch
@@ -149,6 +152,9 @@ class Batch:
         self.first_step: float | None = None
         # credit.py: CreditDecoding's per-block credit, (B, L, V)
         self.credit = CreditTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) if cfg.credit else None
+        # klass.py: KLASS's KL history of the active block, (B, L, V), and the next block's look-ahead
+        self.klass = KlassTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) \
+            if cfg.rule == "klass" else None
 
     def generated(self) -> torch.Tensor:
         """(B, width): each row's generated region so far, from its first generated position."""
@@ -188,6 +194,8 @@ class Batch:
             rows, step = BlockRows(B, cfg), 0                           # editing.py: who takes the next step
             if self.credit is not None:
                 self.credit.reset()                                     # credit never outlives its block
+            if self.klass is not None:                                  # its look-ahead becomes the block's past
+                self.klass.start_block(canvas.blocks[block + 1] if block + 1 < len(canvas.blocks) else None)
             while rows.begin(block_masked := host[:, s:e] == specials.mask):
                 # dkv: the set the next step recomputes, from the canvas before this step commits
                 pending, upcoming = upcoming, delayed and Slots.delayed(host == specials.mask, shift, device)
@@ -206,7 +214,7 @@ class Batch:
                     with torch.inference_mode():
                         positions, tokens, conf, chosen, edited = decode_step(
                             self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
-                            self.credit, check, self.constraint)
+                            self.credit, check, self.constraint, self.klass)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
                 host.scatter_(1, positions, torch.where(wrote, tokens, host.gather(1, positions)))
                 rows.end(wrote, edited)
