@@ -61,6 +61,8 @@ def test_rows_are_the_methods_profiles(llada_dir):
         "dkv+parallel": ("dkv", "threshold", 64, False, False, None),
         "local-leap": ("none", "local_leap", 32, False, False, None),
         "dual+local-leap": ("dual", "local_leap", 32, False, False, None),
+        "klass": ("none", "klass", 64, False, False, None),
+        "dual+klass": ("dual", "klass", 64, False, False, None),
     }
     assert by["dpad"].total_steps == by["prophet"].total_steps == 256          # one token a step
     assert {c.group for c in cases} == {(256, None, 1)}                         # one baseline for all
@@ -93,8 +95,10 @@ def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     dpad = "dpad drops attention to the masked suffix; tiny-sdar attends block-causally and never sees it"
     dkv = ("cache dkv delays caching of decoded tokens under bidirectional attention; tiny-sdar's finished "
            "blocks are already final (use prefix)")
+    klass = ("rule klass: tiny-sdar is block-causal; KLASS is built for bidirectional models (LLaDA, Dream), "
+             "whose every step may read the next block")
     assert left_out == [f"{r}: {dpad}" for r in ("dpad", "prefix+parallel+dpad", "dual+parallel+dpad")] + [
-        f"{r}: {dkv}" for r in ("dkv", "dkv+parallel")]
+        f"{r}: {dkv}" for r in ("dkv", "dkv+parallel")] + [f"{r}: {klass}" for r in ("klass", "dual+klass")]
 
 
 def test_agreement_is_computed_and_an_identical_config_agrees_fully(llada64, one_thread):
