@@ -136,6 +136,12 @@ def test_other_steppers_are_refused_by_name():
         refuse(gemma, klass())
 
 
+def test_serve_never_replans_a_klass_batch():
+    from fastdllm.serve.rows import whole_answer
+
+    assert whole_answer(klass()) and not whole_answer(DecodeConfig(rule="local_leap"))   # a new batch: a new history
+
+
 def test_the_profile_and_the_cli():
     cfg = profiles.resolve(profiles.find("klass"), {})
     assert (cfg.rule, cfg.threshold, cfg.klass_kl, cfg.klass_history, cfg.cache, cfg.block_len, cfg.gen_len,
