@@ -63,6 +63,8 @@ def test_rows_are_the_methods_profiles(llada_dir):
         "dllm-cache+parallel": ("dllm_cache", "threshold", 8, False, False, None),
         "local-leap": ("none", "local_leap", 32, False, False, None),
         "dual+local-leap": ("dual", "local_leap", 32, False, False, None),
+        "klass": ("none", "klass", 64, False, False, None),
+        "dual+klass": ("dual", "klass", 64, False, False, None),
     }
     assert by["dpad"].total_steps == by["prophet"].total_steps == 256          # one token a step
     assert {c.group for c in cases} == {(256, None, 1)}                         # one baseline for all
@@ -96,9 +98,11 @@ def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     dkv = ("cache dkv delays caching of decoded tokens under bidirectional attention; tiny-sdar's finished "
            "blocks are already final (use prefix)")
     feature = "cache dllm_cache: built for LLaDA and Dream only (their blocks host the feature cache); tiny-sdar is refused"
+    klass = ("rule klass: tiny-sdar is block-causal; KLASS is built for bidirectional models (LLaDA, Dream), "
+             "whose every step may read the next block")
     assert left_out == [f"{r}: {dpad}" for r in ("dpad", "prefix+parallel+dpad", "dual+parallel+dpad")] + [
         f"{r}: {dkv}" for r in ("dkv", "dkv+parallel")] + [
-        f"{r}: {feature}" for r in ("dllm-cache", "dllm-cache+parallel")]
+        f"{r}: {feature}" for r in ("dllm-cache", "dllm-cache+parallel")] + [f"{r}: {klass}" for r in ("klass", "dual+klass")]
 
 
 def test_agreement_is_computed_and_an_identical_config_agrees_fully(llada64, one_thread):

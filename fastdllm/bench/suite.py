@@ -44,6 +44,9 @@ ACCELERATORS = [
     ("dllm-cache+parallel", "dllm-cache", PARALLEL, "dLLM-Cache's feature cache under Fast-dLLM's threshold 0.9"),
     ("local-leap", "local-leap", {}, "LocalLeap alone (no cache, one anchor a step, leaps of 4 at 0.9 / 0.75)"),
     ("dual+local-leap", "local-leap", {"cache": "dual"}, "LocalLeap's anchors and leaps on DualCache"),
+    ("klass", "klass", {}, "KLASS alone, the authors' LLaDA GSM8K script (no cache, blocks of 64, conf 0.6, KL 0.015)"),
+    ("dual+klass", "klass", {"cache": "dual"},
+     "KLASS on DualCache (a block's first step has no previous distribution: never stable)"),
 ]
 SUITES = {"accelerators": ACCELERATORS}
 # what a suite runs unless told otherwise (section 8: GSM8K-style prompts, so that Prophet's anchor

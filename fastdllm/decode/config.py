@@ -42,6 +42,8 @@ class DecodeConfig:
     leap_anchor: float = field(default=0.9, metadata={"gt": 0.0, "max": 1.0, "help": "local_leap rule: an anchor (a scheduled commit) with confidence >= this lets its neighbours leap"})
     leap_neighbor: float = field(default=0.75, metadata={"gt": 0.0, "max": 1.0, "help": "local_leap rule: a candidate within leap_radius of such an anchor is committed too if its confidence is >= this"})
     leap_radius: int = field(default=4, metadata={"min": 0, "help": "local_leap rule: how many positions either side of an anchor its neighbours reach"})
+    klass_kl: float = field(default=0.015, metadata={"gt": 0.0, "max": 10.0, "help": "klass rule: a masked candidate is stable once its KL between consecutive steps' distributions stayed below this for klass_history steps (it commits if also confidence > threshold)"})
+    klass_history: int = field(default=2, metadata={"min": 1, "help": "klass rule: how many consecutive steps' KLs must stay below klass_kl"})
     denoise_steps: int = field(default=48, metadata={"min": 1, "help": "renoising samplers (DiffusionGemma): the most denoising steps per canvas"})
     t_max: float = field(default=0.8, metadata={"gt": 0.0, "help": "renoising samplers: the temperature at a canvas's first step (falling linearly to t_min)"})
     t_min: float = field(default=0.4, metadata={"min": 0.0, "help": "renoising samplers: the temperature the schedule falls towards at the last step"})
@@ -109,6 +111,8 @@ class DecodeConfig:
         if self.credit and self.edit_threshold is not None:
             raise ConfigError("credit: edit_threshold re-decides written tokens; credit is defined for masked positions "
                               "only (unset one)")
+        if self.rule == "klass":
+            self._check_klass()
         if self.prophet:
             self._check_prophet(rule)
         if self.dpad_window is not None:
@@ -119,6 +123,17 @@ class DecodeConfig:
             self._check_features(rule)
         if CACHE_MODES[self.cache].delayed and self.sub_block_len is not None:   # (dpad: _check_dpad)
             raise ConfigError(f"cache {self.cache} recomputes masked slots anywhere; unset sub_block_len")
+
+    def _check_klass(self) -> None:
+        """KLASS (decode/klass.py) is greedy and reads each step's distributions at the block itself."""
+        if self.temperature > 0:
+            raise ConfigError("the klass rule is greedy (the authors' KL with temperature reads Gumbel-noised "
+                              "scores, not a distribution): set temperature 0")
+        for on, name in ((self.credit, "credit"), (self.prophet, "prophet"), (self.dpad_window, "dpad"),
+                         (self.edit_threshold is not None, "edit_threshold"), (self.sub_block_len, "sub_block_len"),
+                         (CACHE_MODES[self.cache].delayed, f"cache {self.cache}")):
+            if on:
+                raise ConfigError(f"the klass rule is not combined with {name} (unset one)")
 
     def _check_grid(self, rule) -> None:
         """Blocks on the grid (canvas.py): the number of blocks follows the prompt's length."""

@@ -42,6 +42,7 @@ from .events import (
     reset_peak_memory,
 )
 from .graphs import SpanForward
+from .klass import KlassTrace, refuse as refuse_klass
 from .prophet import Prophet
 from .rules import RULES
 from .selection import block_schedule, sub_block
@@ -72,6 +73,8 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:
         raise UserError(f"cache {cfg.cache}: built for LLaDA and Dream only (their blocks host the feature cache); "
                         f"{decoder.name} is refused")
+    if cfg.rule == "klass":
+        refuse_klass(decoder, cfg)
     if sampler == "seeded":
         from .seeded import SeededBatch, refuse
         from .speculative import SpeculativeBatch
@@ -156,6 +159,9 @@ class Batch:
         self.first_step: float | None = None
         # credit.py: CreditDecoding's per-block credit, (B, L, V)
         self.credit = CreditTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) if cfg.credit else None
+        # klass.py: KLASS's KL history of the active block, (B, L, V), and the next block's look-ahead
+        self.klass = KlassTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) \
+            if cfg.rule == "klass" else None
 
     def generated(self) -> torch.Tensor:
         """(B, width): each row's generated region so far, from its first generated position."""
@@ -195,6 +201,8 @@ class Batch:
             rows, step = BlockRows(B, cfg), 0                           # editing.py: who takes the next step
             if self.credit is not None:
                 self.credit.reset()                                     # credit never outlives its block
+            if self.klass is not None:                                  # its look-ahead becomes the block's past
+                self.klass.start_block(canvas.blocks[block + 1] if block + 1 < len(canvas.blocks) else None)
             while rows.begin(block_masked := host[:, s:e] == specials.mask):
                 # dkv: the set the next step recomputes, from the canvas before this step commits
                 pending, upcoming = upcoming, delayed and Slots.delayed(host == specials.mask, shift, device)
@@ -213,7 +221,7 @@ class Batch:
                     with torch.inference_mode():
                         positions, tokens, conf, chosen, edited = decode_step(
                             self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
-                            self.credit, check, self.constraint)
+                            self.credit, check, self.constraint, self.klass)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
                 host.scatter_(1, positions, torch.where(wrote, tokens, host.gather(1, positions)))
                 rows.end(wrote, edited)

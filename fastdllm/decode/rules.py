@@ -32,7 +32,8 @@ class Rule:
     whole_canvas: bool = False            # defined over one global canvas: block_len is gen_len (RND1)
     bound: str | None = None              # a second number per candidate its count reads ("entropy";
                                           # "level": DUS's planned order, which also ranks the candidates;
-                                          # "position": the canvas positions LocalLeap's radius reads)
+                                          # "position": the canvas positions LocalLeap's radius reads;
+                                          # "stable": KLASS's stable candidates, klass.py)
     fills_last_step: bool = False         # commits whatever is left at step S (selection.block_schedule)
 
 
@@ -111,6 +112,13 @@ def _local_leap(sorted_conf, cfg, scheduled, sorted_position):
     return leap_count(sorted_conf)
 
 
+def _klass(sorted_conf, cfg, scheduled, sorted_stable):
+    # KLASS (klass.py): select() ranks the ready candidates first; all of them, or the schedule's count
+    from .klass import ready_count
+
+    return ready_count(sorted_conf, scheduled)
+
+
 def _steps_text(steps: int, gen_len: int) -> str:
     return "1/step" if steps == gen_len else f"{steps} steps"
 
@@ -174,6 +182,12 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "leap_radius of an anchor with confidence >= leap_anchor whose own confidence is >= leap_neighbor "
          "(docs/accelerators.md 7)",
          scheduled=True, needs_probability=True, bound="position"),
+    Rule("klass", "klass_kl", _klass, lambda cfg: cfg.klass_kl,
+         lambda v, n: f"klass KL < {v:g}", lambda v, n: f"KL<{v:g}",
+         "KLASS: every masked candidate of the block with confidence > threshold whose KL between consecutive "
+         "steps stayed < klass_kl for klass_history steps; where none, the fixed schedule's most confident "
+         "(docs/accelerators.md 6.1)",
+         scheduled=True, needs_probability=True, measure="prob", bound="stable"),
 ]}
 
 

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import UserError
 from .config import DecodeConfig
+from .klass import ready_key
 from .local_leap import leap_key
 from .rules import RULES
 
@@ -216,6 +217,10 @@ def select(confidence: torch.Tensor, candidate: torch.Tensor, cfg: DecodeConfig,
         if bound is None or scheduled is None:
             raise UserError("rule local_leap: select was given no candidate positions or schedule")
         confidence = leap_key(confidence, candidate, bound, scheduled, cfg)
+    elif RULES[cfg.rule].bound == "stable":                        # KLASS: the ready candidates first
+        if bound is None or scheduled is None:
+            raise UserError("rule klass: select was given no stability or schedule")
+        confidence = ready_key(confidence, bound, cfg)
     elif RULES[cfg.rule].by_position:      # candidates come in position order: rank by index
         confidence = -torch.arange(confidence.shape[-1], device=confidence.device, dtype=confidence.dtype).expand_as(confidence)
     conf = confidence.masked_fill(~candidate, float("-inf"))

@@ -10,6 +10,7 @@ from .constraint import RowConstraints
 from .credit import CreditTrace
 from .dilation import level_of
 from .graphs import SpanForward
+from .klass import KlassTrace
 from .prophet import Check
 from .rules import RULES
 from .selection import authors_dtype, entropy_of, max_without, predict, select, select_edits
@@ -17,14 +18,15 @@ from .selection import authors_dtype, entropy_of, max_without, predict, select, 
 
 def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
                  credit: CreditTrace | None = None, check: Check | None = None,
-                 constraint: RowConstraints | None = None):
+                 constraint: RowConstraints | None = None, klass: KlassTrace | None = None):
     """One forward and one decision. block_masked (B, L): the active block's candidate positions;
     editable (B, L) or None: positions whose written token may be edited (then every position of
     the block is read); credit: CreditDecoding's state (credit.py), whose fused logits the decision
     reads; check: Prophet's stop test of this step (prophet.py), which reads more slots (X) and may
     commit them all; constraint: the rows' grammar matchers (constraint.py), which mask the logits
     at each constrained row's frontier and keep of the rule's choice the valid run from it (a host
-    round trip before the commit). Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
+    round trip before the commit); klass: KLASS's KL history (klass.py), whose forward also reads the
+    next block where the span covers it. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
     canvas = forward.canvas
     device = canvas.device
     whole = forward.full_block or editable is not None
@@ -36,7 +38,10 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     candidate = block_masked.gather(1, order)
     positions = order + s if check is None else check.widen(order + s)   # prophet.py: + answer, other masks
     pos_dev = positions.to(device, non_blocking=True)
-    logits = forward(span, pos_dev).to(device)                                      # (B, K [+ X], V)
+    asked = pos_dev if klass is None else klass.widen(span, positions).to(device, non_blocking=True)
+    logits = forward(span, asked).to(device)                                        # (B, K [+ X], V)
+    if klass is not None:
+        logits = klass.split(logits, candidate.any(1).to(device))   # keeps the next block's
     if check is not None:
         logits = check.test(logits)                     # the gap test; the block's (B, K, V) decide as usual
     if credit is not None:                      # credit.py: logits + alpha log(1 + credit), after any graph
@@ -49,6 +54,7 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     bound = (entropy_of(logits, cfg.temperature) if kind == "entropy" else                       # RND1's eb_gamma
              torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device) if kind == "level"
              else pos_dev[:, :order.shape[1]] if kind == "position"                               # LocalLeap's radius
+             else klass.stable(pos_dev - s, candidate.to(device), logits) if kind == "stable"      # KLASS
              else None)                                                                           # DUS's levels
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)
     if check is not None:                               # an exiting row commits every mask it has

@@ -23,9 +23,10 @@ def whole_answer(cfg: DecodeConfig) -> bool:
     """Settings whose decisions read the whole answer, not one block: Prophet (its anchors sit at
     answer offsets, its phases count the answer's steps), DPad (each block's kept suffix is the
     next draw of one seeded stream) and blocks on the grid of a bidirectional family (the first
-    holds the prompt's tail, the last ends with the answer). Such a job is planned once, with its
-    own config."""
-    return cfg.prophet or cfg.dpad_window is not None or cfg.block_align == "grid"
+    holds the prompt's tail, the last ends with the answer), and KLASS (a block's first steps read
+    the KL history of the previous block's last forward). Such a job is planned once, with its own
+    config."""
+    return cfg.prophet or cfg.dpad_window is not None or cfg.block_align == "grid" or cfg.rule == "klass"
 
 
 def alone(job: Job) -> bool:
