@@ -2,7 +2,7 @@
 profile in its `fastdllm` object answers what `generate -P PROFILE` answers (the same ids, NFE);
 `chat -P PROFILE` answers; `eval --profiles` scores every method beside the baseline. The methods'
 own exactness tests are tests/test_dus.py, test_credit.py, test_prophet.py, test_dpad.py and
-test_dkv.py and test_klass.py."""
+test_dkv.py, test_klass.py, test_local_leap.py and test_dllm_cache.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from test_cli import invoke  # noqa: E402
 from test_eval import TASKS  # noqa: E402
 
 PROMPT = "def add(a, b):"
-METHODS = ["dus", "dual-dus", "credit", "prophet", "dual-prophet", "dpad", "dkv", "klass"]
+METHODS = ["dus", "dual-dus", "credit", "prophet", "dual-prophet", "dpad", "dkv", "klass", "local-leap", "dllm-cache"]
 # Prophet's profiles write their anchor ("The answer is") at offsets 200-202 of a 256 canvas; the
 # request and the command move it to 40-42 of 64 (256 one-token steps cost a minute twice here)
 ANCHOR = "40:The|41:answer|42:is"
@@ -52,7 +52,7 @@ def test_a_request_decodes_as_generate_with_the_profile(server, profile):
 
 
 def test_chat_answers_as_generate_with_each_method(llada_dir):
-    for profile in ("dus", "credit", "dpad", "dkv", "klass"):
+    for profile in ("dus", "credit", "dpad", "dkv", "klass", "local-leap", "dllm-cache"):
         r = chat("-m", llada_dir, "--dtype", "fp64", "-P", profile, "-n", "64", input="Hello there\n/bye\n")
         assert r.exit_code == 0, (profile, r.stderr)
         g = invoke("generate", "-m", llada_dir, "--dtype", "fp64", "-P", profile, "-n", "64", "--json", "Hello there")
@@ -62,7 +62,7 @@ def test_chat_answers_as_generate_with_each_method(llada_dir):
 
 def test_eval_scores_each_method_beside_the_baseline(llada_dir, tmp_path):
     out = tmp_path / "r.json"
-    profiles = ["baseline", "dus", "credit", "dpad", "dkv", "klass"]
+    profiles = ["baseline", "dus", "credit", "dpad", "dkv", "klass", "local-leap", "dllm-cache"]
     r = invoke("eval", "-m", llada_dir, "--dtype", "fp64", "--include-path", TASKS, "--tasks", "tiny_next_line",
                "--profiles", ",".join(profiles), "--limit", "2", "--output", out)
     assert r.exit_code == 0, r.stderr

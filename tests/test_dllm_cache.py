@@ -179,3 +179,34 @@ def test_cache_bytes_count_the_features(llada64):
     c = llada64.model.config
     T = len(prompt) + cfg.gen_len
     assert result.cache_bytes == plain.cache_bytes + 2 * c.n_layers * T * c.d_model * 8     # float64
+
+
+def test_the_server_decodes_each_request_whole_as_alone(llada64):
+    """The scheduler never re-plans a dllm_cache job at a block boundary (its schedule counts the
+    answer's forwards and its features split the canvas at the prompt's end): a request that arrives
+    while another decodes leaves both answers as they are alone."""
+    from test_scheduler import PROMPTS, Collector, scheduler
+
+    from fastdllm.serve.jobs import Finished, StepUpdate
+    from fastdllm.serve.rows import whole_answer
+
+    cfg = cache_cfg()
+    assert whole_answer(cfg) and not whole_answer(DecodeConfig(cache="dual"))
+    prompts = [llada64.tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:2]]
+    got, sched = Collector(), scheduler(llada64, max_batch=4)
+    jobs = [got.job(f"r{i}", p, cfg, steps=i == 0) for i, p in enumerate(prompts)]
+    sent = []
+
+    def first_step(update, deliver=jobs[0].deliver):    # r1 arrives while r0 decodes its first block
+        deliver(update)
+        if isinstance(update, StepUpdate) and not sent:
+            sent.append(sched.submit(jobs[1]))
+
+    jobs[0].deliver = first_step
+    sched.submit(jobs[0])
+    got.wait(["r0", "r1"])
+    sched.shutdown(10)
+    for name, job in zip(["r0", "r1"], jobs):
+        alone = run(llada64.decoder, [job.prompt], job.cfg)
+        finished = got.last(name)
+        assert isinstance(finished, Finished) and finished.ids == alone.ids[0] and finished.nfe == alone.nfe

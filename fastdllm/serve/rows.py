@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from ..decode.cache_modes import CACHE_MODES
 from ..decode.canvas import block_end, length
 from ..decode.config import DecodeConfig
 from ..decode.events import answer_ids
@@ -23,10 +24,12 @@ def whole_answer(cfg: DecodeConfig) -> bool:
     """Settings whose decisions read the whole answer, not one block: Prophet (its anchors sit at
     answer offsets, its phases count the answer's steps), DPad (each block's kept suffix is the
     next draw of one seeded stream) and blocks on the grid of a bidirectional family (the first
-    holds the prompt's tail, the last ends with the answer), and KLASS (a block's first steps read
-    the KL history of the previous block's last forward). Such a job is planned once, with its own
-    config."""
-    return cfg.prophet or cfg.dpad_window is not None or cfg.block_align == "grid" or cfg.rule == "klass"
+    holds the prompt's tail, the last ends with the answer), KLASS (a block's first steps read
+    the KL history of the previous block's last forward) and dLLM-Cache (its refresh schedule counts
+    the answer's forwards, its features split the canvas at the prompt's end). Such a job is planned
+    once, with its own config."""
+    return (cfg.prophet or cfg.dpad_window is not None or cfg.block_align == "grid" or cfg.rule == "klass"
+            or CACHE_MODES[cfg.cache].features)
 
 
 def alone(job: Job) -> bool:
