@@ -115,21 +115,15 @@ def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_
     """The reference's get_transfer_index / get_transfer_index_dynamic at temperature 0. Confidence
     as the authors compute it, over the full softmax (the mask id included): the prediction's
     probability (LLaDA, Dream's maskgit_plus), top-1 minus top-2 (Dream's topk_margin) or
-    sum p log(p + 1e-10) (Dream's entropy). `ban_mask` keeps the mask id out of the argmax only."""
-    p = torch.softmax(logits.double(), -1)
-    if ban_mask:
-        logits = logits.clone()
-        logits[..., mask_id] = float("-inf")
-    x0 = logits.argmax(-1)
-    if measure == "prob":
-        x0_p = p.gather(-1, x0[..., None])[..., 0]
-    elif measure == "margin":
-        top = torch.sort(p, -1, descending=True).values
-        x0_p = top[..., 0] - top[..., 1]
-    else:
-        x0_p = torch.sum(p * torch.log(p + 1e-10), -1)
-    x0 = torch.where(mask_index, x0, x)
-    conf = torch.where(mask_index, x0_p, torch.tensor(float("-inf"), dtype=torch.float64))
+    sum p log(p + 1e-10) (Dream's entropy). `ban_mask` keeps the mask id out of the argmax only.
+    Computed over the span of canvas positions that hold a mask in some row (each position's
+    softmax is its own, so the others' values never matter; a 152k-token vocabulary made the
+    whole canvas the test's cost)."""
+    cols = mask_index.any(0).nonzero()[:, 0]
+    lo, hi = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, 0)
+    x0, conf = x.clone(), torch.full(x.shape, float("-inf"), dtype=torch.float64)
+    x0[:, lo:hi], conf[:, lo:hi] = confidence_at(logits[:, lo:hi], mask_index[:, lo:hi], x[:, lo:hi], mask_id,
+                                                 ban_mask, measure)
     chosen = torch.zeros_like(x0, dtype=torch.bool)
     for j in range(conf.shape[0]):
         n_masked = int(mask_index[j].sum())
@@ -154,6 +148,24 @@ def transfer(logits, mask_index, x, k_fixed, threshold, factor, mask_id, factor_
             _, idx = torch.topk(conf[j], k=int(k_fixed[j]))
             chosen[j, idx] = True
     return x0, chosen, conf
+
+
+def confidence_at(logits, mask_index, x, mask_id, ban_mask, measure):
+    """transfer's prediction and confidence at the positions of `logits` (B, n, V): (x0, conf) (B, n)."""
+    p = torch.softmax(logits.double(), -1)
+    if ban_mask:
+        logits = logits.clone()
+        logits[..., mask_id] = float("-inf")
+    x0 = logits.argmax(-1)
+    if measure == "prob":
+        x0_p = p.gather(-1, x0[..., None])[..., 0]
+    elif measure == "margin":
+        top = torch.sort(p, -1, descending=True).values
+        x0_p = top[..., 0] - top[..., 1]
+    else:
+        x0_p = torch.sum(p * torch.log(p + 1e-10), -1)
+    x0 = torch.where(mask_index, x0, x)
+    return x0, torch.where(mask_index, x0_p, torch.tensor(float("-inf"), dtype=torch.float64))
 
 
 def reference_generate(lm, prompt, *, cache, gen_length, block_length, steps=None, threshold=None,

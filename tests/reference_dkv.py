@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from reference import NaiveLM, num_transfer_tokens
+from reference import NaiveLM, confidence_at, num_transfer_tokens
 
 
 def rope_at(net, x, pos):
@@ -137,17 +137,14 @@ def dkv_generate(lm, prompt, *, gen_length, block_length, steps, cache_reloading
             nfe += 1
             if caches is not None:
                 caches.append((past, past_pos))
-            if net.dream:                                       # position p from slot p - 1
-                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
-            p = torch.softmax(logits, -1)                       # float64, the mask id included
-            if ban_mask:
-                logits = logits.clone()
-                logits[..., mask_id] = float("-inf")
-            x0 = logits.argmax(-1)
-            x0_p = p.gather(-1, x0[..., None])[..., 0]
-            x0_p[:, e:] = float("-inf")
-            x0 = torch.where(mask_index, x0, x)
-            confidence = torch.where(mask_index, x0_p, torch.tensor(float("-inf"), dtype=torch.float64))
+            # their float64 softmax over the full vocabulary (mask id included), -inf after the block;
+            # taken at the block's positions only, the only ones with a mask (earlier blocks are done)
+            s = e - block_length
+            assert not mask_index[:, :s].any()
+            block = logits[:, s - 1:e - 1] if net.dream else logits[:, s:e]   # Dream: position p from slot p - 1
+            x0, confidence = x.clone(), torch.full(x.shape, float("-inf"), dtype=torch.float64)
+            x0[:, s:e], confidence[:, s:e] = confidence_at(block, mask_index[:, s:e], x[:, s:e], mask_id, ban_mask,
+                                                           "prob")
             transfer = torch.zeros_like(x0, dtype=torch.bool)
             for j in range(B):
                 _, idx = torch.topk(confidence[j], k=int(ntt[j, i]))
