@@ -45,14 +45,15 @@ def generate_local_leap(lm, prompt, *, gen_length, block_length, steps, anchor_t
             else:
                 logits, past, lo = cached_forward(net, x, cache, s - shift, e, past)
             nfe += 1
-            p = torch.softmax(logits[0].double(), -1)               # over the whole vocabulary
-            banned = logits[0].clone()
+            block = logits[0, s - lo:e - lo]                        # the block's positions: the only ones read
+            p = torch.softmax(block.double(), -1)                   # over the whole vocabulary
+            banned = block.clone()
             banned[:, mask_id] = float("-inf")
             x0 = banned.argmax(-1)
             conf = {}
             for pos in range(s, e):
                 if x[0, pos] == mask_id:
-                    conf[pos] = float(p[pos - lo, x0[pos - lo]])
+                    conf[pos] = float(p[pos - s, x0[pos - s]])
             k = min(int(schedule[min(t, spb - 1)]), len(conf))
             k = max(k, 1)
             ranked = sorted(conf, key=lambda q: (-conf[q], q))      # ties: the leftmost first
@@ -65,7 +66,7 @@ def generate_local_leap(lm, prompt, *, gen_length, block_length, steps, anchor_t
                             picked.add(q)
             step = []
             for q in sorted(picked):
-                x[0, q] = x0[q - lo]
+                x[0, q] = x0[q - s]
                 step.append((q - P, int(x[0, q])))
             if record is not None:
                 record.append(step)

@@ -110,11 +110,11 @@ def prophet_generate(lm, prompt, encode, *, gen_length, block_length, steps, anc
                     if record is not None:
                         record.append((filled, False))
                     return x, nfe, nfe
-            p = torch.softmax(logits.double(), -1)
+            p = torch.softmax(logits[0, s - lo:e - lo].double(), -1)      # the block's positions: the only ones read
             conf = []
             for pos in range(s, e):
                 if x[0, pos] == mask_id:
-                    conf.append((float(p[0, pos - lo, x0[0, pos - lo]]), pos))
+                    conf.append((float(p[pos - s, x0[0, pos - lo]]), pos))
             k = ntt[i]
             committed = []
             if k > 0:
