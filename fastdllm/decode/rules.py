@@ -180,7 +180,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          lambda v, n: f"local leap {v:g}", lambda v, n: f"LL{v:g}",
          "LocalLeap: the fixed schedule's most confident candidates (anchors), and every candidate within "
          "leap_radius of an anchor with confidence >= leap_anchor whose own confidence is >= leap_neighbor "
-         "(docs/accelerators.md 7)",
+         "(docs/accelerators.md 6.2)",
          scheduled=True, needs_probability=True, bound="position"),
     Rule("klass", "klass_kl", _klass, lambda cfg: cfg.klass_kl,
          lambda v, n: f"klass KL < {v:g}", lambda v, n: f"KL<{v:g}",
