@@ -59,4 +59,10 @@ app.add_typer(profiles_app, name="profiles")
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as e:                     # a rank of a parallel run leaves with the others
+        from fastdllm.eval.distributed import finish
+
+        finish(e.code)
+        raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -138,9 +139,10 @@ def from_env() -> World:
 
 
 def _leave() -> None:
-    """At exit, every rank together: gloo's threads still running when the interpreter ends, or a
-    peer closing its connections while they run, abort the process ("terminate called without an
-    active exception"), which the launcher reports as a failure. A peer already gone is no error."""
+    """At exit (lm-eval's own command line under a launcher), every rank together: gloo's threads
+    still running when the interpreter ends, or a peer closing its connections while they run,
+    abort the process ("terminate called without an active exception"), which the launcher reports
+    as a failure. A peer already gone is no error."""
     import torch.distributed as dist
 
     try:
@@ -148,6 +150,26 @@ def _leave() -> None:
     except RuntimeError:
         pass
     dist.destroy_process_group()
+
+
+def finish(code: int | str | None) -> None:
+    """The `fastdllm` command's end on a rank of a parallel run: every rank together, then out with
+    os._exit, streams flushed. The interpreter's own teardown (gloo's threads and the group's C++
+    objects destroyed while a peer closes its connections) could still abort a rank after `_leave`
+    ("terminate called without an active exception", seen once under a loaded suite), which the
+    launcher reports as a second failure. Nothing to do outside a process group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if isinstance(code, str):                       # SystemExit("message"): Python prints it, exits 1
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    try:
+        dist.barrier()
+    except RuntimeError:
+        pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def injected(world: World, name: str | None) -> None:
