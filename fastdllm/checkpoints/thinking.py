@@ -13,10 +13,10 @@ MARKER_PAIRS = (("<|channel>", "<channel|>"), ("<think>", "</think>"))   # (open
 
 def thought_markers(tokenizer) -> tuple[int, int] | None:
     """The (open, close) ids of the first marker pair the tokenizer has as added tokens, else None."""
-    vocab, added = tokenizer.get_vocab(), set(getattr(tokenizer, "added_tokens_decoder", {}))
-    for pair in MARKER_PAIRS:
-        ids = tuple(vocab.get(m) for m in pair)
-        if all(i is not None and i in added for i in ids):
+    added = {token.content: i for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+    for pair in MARKER_PAIRS:               # (the added tokens alone: the whole vocabulary is 150k entries)
+        ids = tuple(added.get(m) for m in pair)
+        if all(i is not None for i in ids):
             return ids
     return None
 
