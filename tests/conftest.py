@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,9 @@ from fastdllm.checkpoints.tiny_random import (  # FIXTURES: real published non-w
 # finds it faster. The suite pins it to fp32, so that its exactness tolerances and expected texts
 # hold alike on every CI machine class; tests/test_cpu_dtype.py unpins it to test the choice.
 os.environ.setdefault("FASTDLLM_CPU_DTYPE", "fp32")
+# fastdllm's cache folder (lm-eval's task index, fastdllm/eval/task_index.py) out of the user's
+# home, shared by the workers, their subprocesses and later runs on this machine.
+os.environ.setdefault("FASTDLLM_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"fastdllm-tests-cache-{os.getuid()}"))
 
 # Sharper-than-usual random weights: varied tokens and confidences (median ~0.7), so that the
 # threshold and factor rules commit several tokens in some steps and one in others.

@@ -129,7 +129,7 @@ def simulated(monkeypatch, tmp_path):
     """Unpin auto, keep the probe's cache out of the user's, and simulate a CPU's flags."""
     monkeypatch.delenv("FASTDLLM_CPU_DTYPE", raising=False)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("FASTDLLM_CACHE_DIR", str(tmp_path / "cache"))
 
     real_packing = cpu.packable_dtypes()      # what this process's oneDNN can pack (AVX2-limited in a CI pass)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..cache_folder import cache_folder
 from ..errors import UsageError
 
 ENV = "FASTDLLM_CPU_DTYPE"     # fp32 | bf16: what auto means on a CPU, with no detection or probe (CI)
@@ -109,8 +110,7 @@ def probe_key() -> str:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fastdllm" / CACHE_FILE
+    return cache_folder() / CACHE_FILE
 
 
 _probed: dict[tuple[str, str], tuple[float, float]] = {}    # this process's answers, by (file, key)

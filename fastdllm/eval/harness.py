@@ -262,8 +262,11 @@ def main() -> None:
     """lm-eval's command line with "fastdllm" registered (`python -m fastdllm.eval.harness --model fastdllm ...`)."""
     from lm_eval.__main__ import cli_evaluate
 
+    from .task_index import cached_index
+
     try:
-        cli_evaluate()
+        with cached_index():                    # lm-eval's own tasks' index from disk (task_index.py)
+            cli_evaluate()
     except UserError as e:                      # a user's mistake: one line, as fastdllm's commands
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

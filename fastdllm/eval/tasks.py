@@ -65,10 +65,11 @@ def task_manager(include_paths: list[Path], tasks: list[str]):
 
 @functools.lru_cache(maxsize=4)
 def _indexed(paths: tuple[str, ...], defaults: bool):
-    """One index per process and set of paths (a server or a test run evaluates again and again)."""
-    from lm_eval.tasks import TaskManager
+    """One index per process and set of paths (a server or a test run evaluates again and again);
+    lm-eval's own tasks' index from disk where it was built before (task_index.py)."""
+    from .task_index import build_manager
 
-    return TaskManager(include_path=list(paths) or None, include_defaults=defaults)
+    return build_manager(list(paths), defaults)
 
 
 def _is_plain_task(manager, name: str) -> bool:
