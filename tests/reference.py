@@ -97,10 +97,9 @@ class NaiveLM:
             x = x + self.lin(F.silu(self.lin(h, n["g"])) * self.lin(h, n["u"]), n["d"])
         x = self.norm(x, "model.norm" if self.dream else "model.transformer.ln_f")
         head = "lm_head.weight" if self.dream else "model.transformer.ff_out.weight"
-        logits = x @ self.w(head).T
-        if self.dream:  # shifted: position i predicted from i - 1
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
-        return logits, new_past
+        if self.dream:  # shifted: position i predicted from i - 1 (the hidden states shifted, not the
+            x = torch.cat([x[:, :1], x[:, :-1]], 1)      # logits: each row's head is its own; a 152k copy less)
+        return x @ self.w(head).T, new_past
 
 
 def num_transfer_tokens(mask_index, steps):
