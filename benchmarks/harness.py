@@ -215,6 +215,10 @@ SHAPES = {
                   "(Qwen2.5-0.5B's shape)", "dream", dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                                                            num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
                                                            tie_word_embeddings=True, max_window_layers=24)),
+    "1.5b": Shape("random Dream d1536, 28 layers, 12 heads (2 KV), MLP 8960, vocab 151936, tied head "
+                  "(Qwen2.5-1.5B's shape)", "dream", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                                                           num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
+                                                           tie_word_embeddings=True, max_window_layers=28)),
     "sdar-1.7b": Shape("random SDAR-1.7B", "sdar", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
                                                       num_key_value_heads=8, head_dim=128, intermediate_size=6144)),
     "sdar-8b": Shape("random SDAR-8B", "sdar", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,

@@ -43,7 +43,7 @@ PACKAGE = "llama-cpp-python"
 TARGETS = ("llama-diffusion-cli", "llama-quantize", "llama-diffusion-ids")
 GGUF_TYPES = ("f32", "bf16", "q8_0", "q4_0")
 
-SHAPES = {name: harness.SHAPES[name] for name in ("22m", "0.5b")}      # random Dream-format checkpoints
+SHAPES = {name: harness.SHAPES[name] for name in ("22m", "0.5b", "1.5b")}      # random Dream-format checkpoints
 
 
 def log(msg: str) -> None:

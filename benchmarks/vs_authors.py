@@ -18,7 +18,8 @@ Both get the same prompt (random ids), gen_len, block length and the threshold r
 masked position of the block whose confidence >= threshold, at least the best one; greedy, prob
 confidence, no early stop): the authors' `generate` (cache none), `generate_with_prefix_cache`,
 `generate_with_dual_cache` with `threshold=`, against `fastdllm.decode.engine.run` with
-`DecodeConfig(cache=none|prefix|dual, rule="threshold")`. Per step = a whole generation's wall time
+`DecodeConfig(cache=none|prefix|dual, rule="threshold")`; or, with `--rule fixed`, one token a step
+(their `steps=gen_len, threshold=None`; our rule "fixed"). Per step = a whole generation's wall time
 over its NFE (the authors' functions return theirs). One warm-up generation each (every shape: their sdpa is torch.compiled), then `--reps`
 repetitions interleaved (dtype, mode: authors, fastdllm, ...); the table gives medians and the spread
 (min-max) of the per-repetition ratio authors/fastdllm, and whether the two decoded the same tokens
@@ -98,13 +99,14 @@ def time_authors(authors, model, prompt: torch.Tensor, mode: str, args, mask: in
     fn = getattr(authors, AUTHORS_FN[mode])
     start = time.perf_counter()
     x, nfe = fn(model, prompt, steps=gen_len, gen_length=gen_len, block_length=args.block_len,
-                temperature=0.0, remasking="low_confidence", mask_id=mask, threshold=args.threshold)
+                temperature=0.0, remasking="low_confidence", mask_id=mask,
+                threshold=args.threshold if args.rule == "threshold" else None)
     seconds = time.perf_counter() - start
     return seconds, nfe, x[0, prompt.shape[1]:].tolist()
 
 
 def time_fastdllm(lm, prompt: list[int], mode: str, args, gen_len: int):
-    cfg = DecodeConfig(gen_len=gen_len, block_len=args.block_len, cache=mode, rule="threshold",
+    cfg = DecodeConfig(gen_len=gen_len, block_len=args.block_len, cache=mode, rule=args.rule,
                        threshold=args.threshold, early_stop=False)
     seconds, result = harness.decode(lm, [prompt], cfg, warmup_blocks=0)    # warmed up in main
     return seconds, result.nfe, result.canvas[0].tolist()
@@ -143,6 +145,8 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--block-len", type=int, default=32)
     ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--rule", choices=("threshold", "fixed"), default="threshold",
+                    help="threshold (their threshold=); fixed: one token a step (their steps=gen_len, threshold=None)")
     ap.add_argument("--modes", default="none,prefix,dual")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--checkpoint", type=Path, help="reuse (or write once into) this directory")
@@ -165,7 +169,8 @@ def main() -> None:
     print(f"# model: random LLaDA (published layout) d_model {config['d_model']}, {config['n_layers']} layers, "
           f"{config['n_heads']} heads, MLP {config['mlp_hidden_size']}, vocab {config['vocab_size']}, "
           f"logit_scale {args.logit_scale:g}; bf16 on disk")
-    print(f"# prompt {args.prompt}, gen_len {args.gen_len}, block {args.block_len}, threshold {args.threshold:g} "
+    rule = f"threshold {args.threshold:g}" if args.rule == "threshold" else "one token a step"
+    print(f"# prompt {args.prompt}, gen_len {args.gen_len}, block {args.block_len}, {rule} "
           f"(greedy, prob confidence, no early stop); {args.reps} interleaved reps after one warm-up, medians")
     print(f"# authors: NVlabs/Fast-dLLM {revision(args.authors)} llada/generate.py at {args.authors}")
     print(f"# {harness.machine('cpu', dtypes[-1])}; transformers {transformers.__version__}; "

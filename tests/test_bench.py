@@ -223,6 +223,36 @@ def test_runner_returns_records_with_nfe_order_and_self_agreement(llada64):
         assert 0.0 <= r["agreement_tokens"] <= 1.0 and r["quality"] is None
 
 
+def test_positions_per_forward_are_the_spans_each_cache_mode_runs(llada64):
+    """Result.positions_run (engine.generate) is the canvas positions the forwards ran: the whole
+    canvas at every step without a cache, the block and what follows it (prefix) or the block alone
+    (dual) after each block's first step, which runs the whole canvas; the bench record's
+    positions_per_forward is it over NFE, and answer_tokens the mean answer length."""
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.engine import run
+
+    prompt = llada64.encode("def f(x):\n", chat=False)
+    P, G, L = len(prompt), 32, 8
+    T, steps = P + G, L                                    # one token a step: L steps per block
+    spans = {"none": [T] * (G // L * steps),
+             "prefix": [w for k in range(G // L) for w in [T] + [T - (P + L * k)] * (steps - 1)],
+             "dual": [w for k in range(G // L) for w in [T] + [L] * (steps - 1)]}
+    for mode, widths in spans.items():
+        cfg = DecodeConfig(gen_len=G, block_len=L, cache=mode, rule="fixed", early_stop=False)
+        result = run(llada64.decoder, [prompt], cfg)
+        assert result.nfe == len(widths) and result.positions_run == sum(widths), mode
+    cases = expand(pick_rows(["baseline", "dual"]), Sweep(gen_len=(G,), block_len=(L,)),
+                   environ={"FASTDLLM_EARLY_STOP": "false"})
+    records = compare(list(bench.measure(llada64, cases, prompts.PromptSet("t", ["def f(x):\n"]), chat=False,
+                                         warmup=0, repetitions=1)))
+    by = {r["config"]: r for r in records}
+    assert by["baseline"]["positions_per_forward"] == T
+    assert by["dual"]["positions_per_forward"] == round(sum(spans["dual"]) / len(spans["dual"]), 1)
+    assert all(r["answer_tokens"] == r["generated_tokens"] for r in records)     # one prompt
+    text = bench_format.render(records, "md")
+    assert "| answer | pos/fwd |" in text and "canvas positions a forward runs" in text
+
+
 def test_cli_bench_json_and_output_file(llada_dir, tmp_path):
     out = tmp_path / "r.csv"
     r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--threshold", "0.5,0.9",

@@ -71,6 +71,8 @@ COLUMNS = [
     ("NFE", lambda r: str(r["nfe"]), False),
     ("edits/block", lambda r: None if r.get("edits_per_block") is None else f"{r['edits_per_block']:.1f}", False),
     ("tok/fwd", lambda r: f"{r['tokens_per_forward']:.2f}", False),
+    ("answer", lambda r: None if r.get("answer_tokens") is None else f"{r['answer_tokens']:.1f}", False),
+    ("pos/fwd", lambda r: None if not r.get("positions_per_forward") else f"{r['positions_per_forward']:.0f}", False),
     ("complete", lambda r: None if r.get("constraint_complete") is None else "{}/{}".format(*r["constraint_complete"]), False),
     ("matcher ms/step", lambda r: None if r.get("matcher_ms_per_step") is None else f"{r['matcher_ms_per_step']:.2f}", False),
     ("same tok", lambda r: None if r["agreement_tokens"] is None else _pct(r["agreement_tokens"]), False),
@@ -112,6 +114,11 @@ def caption(records: list[dict]) -> str:
     parts.append(f"{counts} timed repetition{'s' * (high > 1)}" + (" (auto)" if r.get("repetitions_asked") == "auto" else "")
                  + (" interleaved, tok/s their median, spread (fastest - slowest) / median" if high > 1 else "")
                  + f", {r['warmup']} warm-up")
+    if any(x.get("positions_per_forward") for x in records):
+        parts.append("answer: tokens per answer, up to its end token; pos/fwd: canvas positions a forward runs (no cache: "
+                     "the whole canvas, prompt included; prefix: the block and all after it; dual: the block; every "
+                     "block's first step: the whole canvas); a row outruns the baseline where it runs fewer positions "
+                     "per answer token (pos/fwd / tok/fwd)")
     if any(x.get("speedup_reliable") is False for x in records):
         parts.append(f"~: speed-up unreliable (a spread above {SPREAD_LIMIT:.0%}, or the row's and its "
                      "baseline's ranges overlap; of 3 or more repetitions, the one farthest from the median left out)")

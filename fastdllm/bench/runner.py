@@ -191,6 +191,9 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         "speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None,
         "nfe": sum(r.nfe for r in first),                 # forwards for the whole prompt set
         "tokens_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
+        # the work behind the speed: answer length, and canvas positions a forward runs (engine.generate)
+        "answer_tokens": round(sum(r.generated_tokens for r in first) / max(sum(r.batch for r in first), 1), 1),
+        "positions_per_forward": round(sum(r.positions_run or 0 for r in first) / max(sum(r.nfe for r in first), 1), 1),
         # token editing: written tokens overwritten, per block of each row
         "edits_per_block": round(sum(r.edits for r in first) / max(sum(r.blocks_decoded * r.batch for r in first), 1), 2)
         if cfg.edit_threshold is not None else None,

@@ -58,8 +58,13 @@ def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
     Infilling: one prompt holding mask ids at `holes` (infill.Filling), which alone are decoded.
     `constraints`: per row, its structured-output constraint or None (constraint.py)."""
     batch = stepper(decoder, prompts, cfg, gen_lens, holes, constraints=constraints)
-    yield from batch.events()
-    yield batch.result()
+    width = 0
+    for event in batch.events():
+        width += event.width if isinstance(event, StepEvent) else 0
+        yield event
+    result = batch.result()
+    result.positions_run = width
+    yield result
 
 
 def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens: list[int] | None = None,

@@ -33,6 +33,13 @@ class StepEvent:
     inserted: torch.Tensor | None = None  # or a SPLIT was written; `tokens` is then the block after the edits
     masks: torch.Tensor | None = None    # (B, K) bool, InDel: the block's masks after the edits
 
+    @property
+    def width(self) -> int:
+        """Canvas positions this forward ran, one row's: the span's length, or the size of a
+        position set (cache mode dkv, models/kv_cache.Slots)."""
+        start, end = self.span
+        return end - start if isinstance(start, int) else int(start.index.shape[1])
+
 
 @dataclass(frozen=True)
 class BlockEvent:
@@ -67,6 +74,8 @@ class Result:
     complete: list[bool | None] | None = None     # structured output: per row, whether its answer is a
                                                   # whole sentence of its constraint (None: a free row)
     matcher_seconds: float = 0.0                  # structured output: time in the grammar matcher
+    positions_run: int | None = None              # canvas positions the forwards ran, one row's, summed
+                                                  # (StepEvent.width; engine.generate counts them)
 
     @property
     def generated_tokens(self) -> int:
