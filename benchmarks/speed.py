@@ -16,6 +16,9 @@ with one pass over a buffer unless `--bandwidth` is given). `--batch 1,8,32`: th
 in every row. Warm-up runs are not counted; a step's time is between the engine's step events (each
 step's one device-to-host transfer synchronises, so the clock reads finished work).
 
+`--kernels 25` decodes each line once more under torch's profiler and prints its 25 costliest
+kernels (device time over the whole decode: where a step's time goes).
+
 On one CUDA device greedy steps of these models run the device step, each cached step one CUDA
 graph (decode/device_step.py); `--graphs off,on` compares with no graphs at all.
 """
@@ -48,6 +51,8 @@ def main() -> None:
     ap.add_argument("--graphs", default="on", help="CUDA graphs: on, off, or off,on to compare (FASTDLLM_CUDA_GRAPHS)")
     ap.add_argument("--bandwidth", type=float, default=None, help="memory bytes/s for the weight-read bound (default: measured)")
     ap.add_argument("--batch", default="1", help="rows per batch, e.g. 1,8,32 (the prompt in every row)")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="after each line, decode once more under torch's profiler and print its N costliest kernels")
     args = harness.parse(ap)
 
     shape = harness.llada_shape(args, fixtures=args.fixtures)
@@ -71,6 +76,8 @@ def main() -> None:
                 record = speed_line(lm, [prompt] * batch, cfg, f"gen_len {gen_len:5d}  {label:17s}  batch {batch:2d}",
                                     bound_ms)
                 records.append(dict(gen_len=gen_len, mode=mode, graphs=graphs, batch=batch, **record))
+                if args.kernels:
+                    print(kernel_table(lm, [prompt] * batch, cfg, args.kernels), flush=True)
     harness.write_json(args, records, model=shape.text, prompt=args.prompt, block_len=args.block_len,
                        weight_read_bound_ms=bound_ms)
 
@@ -106,6 +113,18 @@ def speed_line(lm, prompts: list[list[int]], cfg: DecodeConfig, label: str, boun
           f"{step['median'] / bound_ms:5.2f}x weight-read bound", flush=True)
     return dict(nfe=result.nfe, ms_per_step=1000 * total / result.nfe, cached_step_ms=step, seconds=total,
                 tokens_per_second=result.committed / total, cache_bytes=result.cache_bytes)
+
+
+def kernel_table(lm, prompts: list[list[int]], cfg: DecodeConfig, rows: int) -> str:
+    """The `rows` costliest operations of one more decode under torch's profiler, by device time
+    (CUDA kernels, graph replays included; on a CPU, by CPU time), totals over the whole decode."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = lm.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run(lm.decoder, prompts, cfg)
+    return prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                     row_limit=rows, max_name_column_width=60)
 
 
 if __name__ == "__main__":
