@@ -132,7 +132,7 @@ def test_a_short_name_in_model_resolves_to_the_cached_download(tmp_path, monkeyp
 
 
 def test_info_takes_dash_m_and_a_short_name(tmp_path, monkeypatch):
-    from cli.app import app
+    from fastdllm.cli.app import app
 
     out = CliRunner().invoke(app, ["info", "-m", "nothing:here"])
     assert out.exit_code == 2 and out.output.count("\n") == 1 and "unknown model 'nothing:here'" in out.output

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
+from fastdllm.cli.app import app
 from fastdllm.checkpoints import catalog
 from fastdllm.checkpoints.tiny_blockdiff import write_sdar
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
+from fastdllm.cli.app import app
 from fastdllm.checkpoints import catalog, fit
 from fastdllm.checkpoints.locate import resolve_model_dir
 

@@ -80,7 +80,7 @@ def test_errors_come_in_ollamas_shape(client, server):
 
 
 def test_fastdllm_ps_reads_the_running_server(server):
-    from cli.app import app
+    from fastdllm.cli.app import app
 
     port = server.url.rsplit(":", 1)[1]
     out = CliRunner().invoke(app, ["ps", "--port", port])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
+from fastdllm.cli.app import app
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
 from fastdllm.checkpoints.tiny_random import write_llada
 from hub_server import Hub, blob_name
