@@ -293,6 +293,17 @@ class Terminal:
         self.seen = at + len(text)
 
 
+def signal_state(pid: int, fd: int) -> str:
+    """What decides whether a Ctrl+C typed into the pty reaches the child: the terminal's ISIG flag,
+    its foreground group against the child's, and the child's blocked / ignored / caught signals."""
+    import termios
+
+    status = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+              if line.startswith(("SigBlk", "SigIgn", "SigCgt"))] if Path(f"/proc/{pid}").exists() else []
+    isig = bool(termios.tcgetattr(fd)[3] & termios.ISIG)
+    return f"ISIG {isig}, foreground group {os.tcgetpgrp(fd)}, child {pid} group {os.getpgid(pid)}, {status}"
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pty")
 def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_session(llada_dir, tmp_path):
     import fcntl
@@ -337,7 +348,7 @@ def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_session(llada_dir, tmp_p
                 term.expect("stopped: answer discarded", timeout=3)
                 break
         else:
-            raise AssertionError(f"Ctrl+C mid-answer stopped nothing; tail:\n{term.out[-2000:]}")
+            raise AssertionError(f"Ctrl+C mid-answer stopped nothing ({signal_state(pid, fd)}); tail:\n{term.out[-2000:]}")
         for keys, text in rest:
             term.send(keys)
             term.expect(text)
