@@ -292,6 +292,15 @@ class Terminal:
             self.out += chunk.decode("utf-8", "replace")
         self.seen = at + len(text)
 
+    def press_until(self, keys: str, text: str, tries: int, timeout: float) -> bool:
+        """Send `keys` until `text` appears, up to `tries` times, `timeout` s apart."""
+        for _ in range(tries):
+            self.send(keys)
+            with contextlib.suppress(AssertionError):
+                self.expect(text, timeout=timeout)
+                return True
+        return False
+
 
 def signal_state(pid: int, fd: int) -> str:
     """What decides whether a Ctrl+C typed into the pty reaches the child: the terminal's ISIG flag,
@@ -339,28 +348,19 @@ def test_terminal_ctrl_c_stops_the_answer_and_keeps_the_session(llada_dir, tmp_p
         for keys, text in dialogue:
             term.send(keys)
             term.expect(text)
-        # Ctrl+C mid-answer. One press in a loaded suite was once lost (the 1024-step answer ran to its
-        # end, no "stopped" line, no traceback); as at the prompt below, press again if need be: the
-        # answer lasts 15 s or more, so every press here lands in it.
-        for attempt in range(4):
-            term.send("\x03")
-            with contextlib.suppress(AssertionError):
-                term.expect("stopped: answer discarded", timeout=3)
-                break
-        else:
+        # Ctrl+C mid-answer, pressed again if need be (the answer lasts 15 s or more, so every press
+        # lands in it): in two fast-lane runs the press did nothing (the answer ran to its end, no
+        # "stopped" line, no traceback), once for four presses; cause not found, the message says more.
+        if not term.press_until("\x03", "stopped: answer discarded", tries=4, timeout=3):
             raise AssertionError(f"Ctrl+C mid-answer stopped nothing ({signal_state(pid, fd)}); tail:\n{term.out[-2000:]}")
         for keys, text in rest:
             term.send(keys)
             term.expect(text)
         # Ctrl+C at the prompt: a hint, no exit. CPython's readline acts on a SIGINT that lands between
-        # drawing the prompt and waiting for a key only at the next one, so press again if need be.
-        for attempt in range(8):                            # a hint appears in ms: 5 s is ample
-            term.send("\x03")
-            with contextlib.suppress(AssertionError):
-                term.expect("Use /bye or Ctrl+D to exit", timeout=5)
-                break
-        else:
-            raise AssertionError("Ctrl+C at the prompt printed no hint")
+        # drawing the prompt and waiting for a key only at the next one, so press again if need be
+        # (a hint appears in ms: 5 s apart is ample).
+        assert term.press_until("\x03", "Use /bye or Ctrl+D to exit", tries=8, timeout=5), \
+            "Ctrl+C at the prompt printed no hint"
         term.expect(">>> ")
         term.send("\x04")                                       # Ctrl+D: a clean exit
         deadline = time.monotonic() + 120
