@@ -21,6 +21,7 @@ from typing import Callable, Hashable
 
 import torch
 
+from fastdllm import host_memory
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada
@@ -76,7 +77,8 @@ def machine(device: torch.device | str = "cpu", dtype: str | None = None) -> str
         where = f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
     else:
         where = (f"cpu: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, ISA "
-                 f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype in (None, "auto", "bf16") else ""))
+                 f"{torch.backends.cpu.get_cpu_capability()}" + (f", {bf16_note()}" if dtype in (None, "auto", "bf16") else "")
+                 + (f", malloc {host_memory.state}" if host_memory.state else ""))
     return f"{where}; torch {torch.__version__}; load {loadavg()}"
 
 
@@ -112,6 +114,7 @@ def parser(doc: str | None, *, reps: int | None = 3, device: str | None = None,
 
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)                    # then the thread count, before any timed work
+    host_memory.keep_freed()                      # as the CLI does; code compared in this process gets it too
     if args.threads:
         torch.set_num_threads(args.threads)
     return args

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from fastdllm import threads
+from fastdllm import host_memory, threads
 from fastdllm.errors import UserError
 
 from . import user_errors
@@ -37,6 +37,7 @@ def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Pytho
     user_errors.DEBUG["on"] = debug or bool(os.environ.get("FASTDLLM_DEBUG"))
     try:                        # every command runs after this and imports torch inside it
         threads.configure(watch=True)
+        host_memory.keep_freed()
     except UserError as e:
         err_console.print(Text("error: ", style="bold red") + Text(str(e)))
         raise typer.Exit(e.exit_code) from None

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from fastdllm import host_memory
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError
 
@@ -33,7 +34,8 @@ def info(
     details = inspect_checkpoint(resolve_model_dir(model_flag or model))
     memory = memory_estimate(details, prompt_len + gen_len)
     choice = auto_choice()
-    machine = dict(this_cpu(), auto_dtype=choice.dtype, auto_dtype_reason=choice.reason)   # what --dtype auto loads here
+    machine = dict(this_cpu(), auto_dtype=choice.dtype, auto_dtype_reason=choice.reason,    # what --dtype auto loads here
+                   malloc=host_memory.state)
     if json_out:
         out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine)))
         return
@@ -53,6 +55,7 @@ def info(
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
     rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
     rows.append(("--dtype auto on CPU", choice.reason))
+    rows.append(("malloc", host_memory.state or "as it is (not started by the CLI)"))
     print_columns(rows)
     for warning in details["warnings"]:
         err_console.print(f"warning: {warning}", style="yellow")

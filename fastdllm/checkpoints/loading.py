@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import thread_watch
+from .. import host_memory, thread_watch
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .family import family_of, read_config
@@ -202,6 +202,8 @@ def cpu_details(loaded: LoadedModel) -> dict:
     if loaded.device.type != "cpu":
         return {}
     details = {"cpu_capability": cpu.capability(), "threads": torch.get_num_threads()}   # threads.py chose them
+    if host_memory.state:                                       # the CLI's malloc setting (host_memory.py)
+        details["malloc"] = host_memory.state
     if loaded.dtype == torch.bfloat16:
         details["bf16"] = "native" if cpu.bf16_native() else "emulated"
     return details
