@@ -71,28 +71,52 @@ def test_auto_repetitions_take_two_rounds_on_a_steady_machine(llada64, one_threa
     assert "2 timed repetitions (auto) interleaved" in bench_format.render(records, "md")
 
 
-def test_auto_repetitions_rerun_an_unreliable_row_with_its_baseline_only(llada64, one_thread, monkeypatch):
-    # round 2: a burst slows dual to half; rounds 3 and 4 rerun dual and the baseline, prefix is left alone
-    seconds = [2.0, 1.0, 0.5, 2.0, 1.0, 1.0, 2.0, 0.5, 2.02, 0.5]
+def test_auto_repetitions_rerun_a_noisy_row_alone(llada64, one_thread, monkeypatch):
+    # round 2: a burst slows dual to half; round 3 reruns dual alone (its baseline was steady),
+    # prefix is left alone
+    seconds = [2.0, 1.0, 0.5, 2.0, 1.0, 1.0, 0.5, 9.0]
     records, seen, _ = scripted_measure(llada64, ["baseline", "prefix", "dual"], seconds, monkeypatch,
                                         repetitions="auto")
-    assert seen[3:] == [*[(n, f"rep {r}") for r in (1, 2) for n in ("baseline", "prefix", "dual")],
-                        ("baseline", "rep 3"), ("dual", "rep 3")]
+    assert seen[3:] == [*[(n, f"rep {r}") for r in (1, 2) for n in ("baseline", "prefix", "dual")], ("dual", "rep 3")]
     base, prefix, dual = records
-    assert (base["repetitions"], prefix["repetitions"], dual["repetitions"]) == (3, 2, 3)
+    assert (base["repetitions"], prefix["repetitions"], dual["repetitions"]) == (2, 2, 3)
     assert dual["tokens_per_second_reps"] == [20.0, 10.0, 20.0] and dual["tokens_per_second"] == 20.0
     assert dual["speedup_reliable"] is True and dual["speedup"] == pytest.approx(4.0)   # the burst outvoted
     assert "2-3 timed repetitions (auto)" in bench_format.render(records, "md")
-    assert len(seen) == 3 + 8                                               # the last scripted time unused
+    assert len(seen) == 3 + 7                                               # the last scripted time unused
+
+
+def test_auto_repetitions_rerun_a_noisy_baseline_alone(llada64, one_thread, monkeypatch):
+    seconds = [2.0, 0.5, 4.0, 0.5, 2.0, 9.0]                               # the baseline: 5, 2.5, then 5 tok/s
+    records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
+    assert seen[2:] == [("baseline", "rep 1"), ("dual", "rep 1"), ("baseline", "rep 2"), ("dual", "rep 2"),
+                        ("baseline", "rep 3")]
+    assert records[0]["tokens_per_second_reps"] == [5.0, 2.5, 5.0] and records[1]["speedup_reliable"] is True
+
+
+def test_auto_repetitions_rerun_overlapping_ranges_with_their_baseline(llada64, one_thread, monkeypatch):
+    # ranges overlap, medians 14% apart (baseline 5.0 and 4.2 tok/s, dual 5.6 and 4.9): both again
+    seconds = [2.0, 10 / 5.6, 10 / 4.2, 10 / 4.9, 10 / 4.6, 10 / 5.5, 9.0]
+    records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
+    assert seen[-2:] == [("baseline", "rep 3"), ("dual", "rep 3")] and len(seen) == 2 + 6
+    assert records[1]["speedup_reliable"] is True                   # of three, 5.5 and 5.6 against 4.2 and 4.6
+
+
+def test_auto_repetitions_read_overlapping_ranges_of_the_same_speed_as_about_1x(llada64, one_thread, monkeypatch):
+    # equal medians (4.8 tok/s), spreads 8% and 4%: overlapping for good, not measured again
+    seconds = [2.0, 10 / 4.9, 10 / 4.6, 10 / 4.7, 9.0]
+    records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
+    assert len(seen) == 2 + 4 and [r["repetitions"] for r in records] == [2, 2]
+    assert records[1]["speedup_reliable"] is False and "~1.00x" in bench_format.render(records, "md")
 
 
 def test_auto_repetitions_stop_at_the_most(llada64, one_thread, monkeypatch):
     from fastdllm.bench.rounds import AUTO_MOST
 
-    seconds = [2.0, 0.5, 2.0, 1.0] + [2.0, 0.25, 2.0, 1.0] * 2            # dual never settles
+    seconds = [2.0, 0.5, 2.0, 1.0, 0.25, 1.0, 0.25]                          # dual never settles
     records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
-    assert [r["repetitions"] for r in records] == [AUTO_MOST, AUTO_MOST] == [5, 5]
-    assert records[1]["speedup_reliable"] is False and len(seen) == 2 + 2 * AUTO_MOST
+    assert [r["repetitions"] for r in records] == [2, AUTO_MOST] == [2, 5]
+    assert records[1]["speedup_reliable"] is False and len(seen) == 2 + 2 + AUTO_MOST
 
 
 def test_repetitions_parse_and_data_parallel_auto_is_fixed():
@@ -121,3 +145,12 @@ def test_unreliable_when_ranges_overlap_or_a_spread_is_wide():
     assert speedup_fields([30.0, 40.0, 52.0], [10.0, 10.1, 10.2])["speedup_reliable"] is False        # kept: 29%
     assert speedup_fields([30.0], [10.0])["speedup_reliable"] is None                               # spread unknown
     assert speedup_fields([30.0, 31.0], [0.0, 0.0])["speedup"] is None
+
+
+def test_the_footer_says_when_every_answer_ends_inside_the_first_block():
+    row = {"gen_len": 1024, "block_len": 32, "early_stop": True, "answer_tokens": 4.2}
+    line = bench_format._short_answers([row, dict(row, answer_tokens=3.2)])
+    assert line.startswith("every answer ends inside the first block (4.2 tokens at most") and "--no-early-stop" in line
+    assert bench_format._short_answers([row, dict(row, answer_tokens=40.0)]) is None      # one row went on
+    assert bench_format._short_answers([dict(row, early_stop=False)]) is None              # the whole canvas decoded
+    assert bench_format._short_answers([dict(row, gen_len=64)]) is None                    # a short canvas: nothing to say

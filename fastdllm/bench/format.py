@@ -119,6 +119,8 @@ def caption(records: list[dict]) -> str:
                      "the whole canvas, prompt included; prefix: the block and all after it; dual: the block; every "
                      "block's first step: the whole canvas); a row outruns the baseline where it runs fewer positions "
                      "per answer token (pos/fwd / tok/fwd)")
+    if short := _short_answers(records):
+        parts.append(short)
     if any(x.get("speedup_reliable") is False for x in records):
         parts.append(f"~: speed-up unreliable (a spread above {SPREAD_LIMIT:.0%}, or the row's and its "
                      "baseline's ranges overlap; of 3 or more repetitions, the one farthest from the median left out)")
@@ -129,6 +131,19 @@ def caption(records: list[dict]) -> str:
     parts.append(f"torch {r['torch']}, transformers {r['transformers']}, fastdllm {r['fastdllm']}")
     parts.append(f"peak memory = {r['peak_memory_kind']}")
     return " · ".join(parts)
+
+
+def _short_answers(records: list[dict]) -> str | None:
+    """A footer line where early stop ends every answer inside the first block of a long canvas:
+    then the canvas after the answer is never decoded, and PrefixCache has only the prompt to reuse."""
+    long = [x for x in records if x.get("early_stop", True) and x["gen_len"] >= 4 * x["block_len"]
+            and x.get("answer_tokens") is not None]
+    if not long or max(x["answer_tokens"] for x in long) >= min(x["block_len"] for x in long):
+        return None
+    return (f"every answer ends inside the first block ({max(x['answer_tokens'] for x in long):.1f} tokens at most, "
+            "mean per row): early stop ends decoding there, so each row's time is one block's steps (DualCache's gain: "
+            "its steps compute the block, not the whole canvas) and PrefixCache, with only the prompt to reuse, is no "
+            "faster than the baseline; --no-early-stop decodes the whole canvas as the paper times it")
 
 
 def left_out_lines(left_out: list[str]) -> str:

@@ -3,10 +3,12 @@
 A round runs every case still measured once, in case order (interleaved: a load that comes and goes
 falls on all of them alike). A fixed count N gives every case N rounds. `auto`, the default, gives
 every case AUTO_FIRST rounds, then further rounds, up to AUTO_MOST in all, only to the cases whose
-speed-up over their group's baseline is still unreliable (speedup_fields: a spread above
-SPREAD_LIMIT, or overlapping ranges) and to those baselines. On a quiet machine that is two rounds
-(the wall time of two passes over the prompts); a burst of load that spoils a ratio buys that row
-and its baseline more rounds, and the median then outvotes it. Data-parallel runs take
+speed-up over their group's baseline is still unreliable in a way another round can fix: a row
+whose own spread is above SPREAD_LIMIT runs again alone (a cheap cached row does not rerun its
+expensive baseline), a noisy baseline runs again alone, and ranges that overlap while the medians
+differ by more than SAME_SPEED rerun the row with its baseline. On a quiet machine that is two rounds (the wall
+time of two passes over the prompts); a burst of load that spoils a ratio buys what it spoiled
+more rounds, and the median then outvotes it. Data-parallel runs take
 AUTO_FIXED rounds of every case instead: each rank sees only its share of the timings, and every
 rank must run the same rounds.
 """
@@ -20,6 +22,7 @@ from .cases import BASELINE, SPREAD_LIMIT, Case
 
 AUTO = "auto"
 AUTO_FIRST, AUTO_MOST, AUTO_FIXED = 2, 5, 3
+SAME_SPEED = 0.10                  # medians this close (ratio 0.9-1.1) with overlapping ranges: the same speed
 
 
 def parse(text: str) -> int | str:
@@ -61,11 +64,28 @@ def next_round(cases: list[Case], speeds: list[list[float]], repetitions: int | 
     wanted = set()
     for k, case in enumerate(cases):
         base = baselines.get(case.group)
-        if base is None or base == k or len(speeds[base]) >= AUTO_MOST:    # the baseline runs every round
+        if base is None or base == k:                       # the baseline runs when a row needs it
             continue
-        if speedup_fields(speeds[k], speeds[base])["speedup_reliable"] is False:
+        row_noisy, base_noisy, apart = _why_unreliable(speeds[k], speeds[base])
+        if row_noisy and len(speeds[k]) < AUTO_MOST:
+            wanted.add(k)                                   # its own noise: more of the row alone
+        if base_noisy and len(speeds[base]) < AUTO_MOST:
+            wanted.add(base)                                # the baseline's noise: more of it alone
+        if apart and len(speeds[base]) < AUTO_MOST and len(speeds[k]) < AUTO_MOST:
             wanted |= {k, base}
     return sorted(wanted)
+
+
+def _why_unreliable(reps: list[float], base: list[float]) -> tuple[bool, bool, bool]:
+    """What another round could fix in a speed-up: the row's spread, the baseline's spread (each
+    above SPREAD_LIMIT, on the repetitions the median keeps), or ranges that overlap while the
+    medians are more than SAME_SPEED apart (a row as fast as its baseline overlaps it however many
+    rounds run: it is read as ~1x, not measured again)."""
+    kept, kept_base = outvoted(reps), outvoted(base)
+    spread = [(max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (kept, kept_base)]
+    overlap = min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
+    ratio = statistics.median(reps) / max(statistics.median(base), 1e-12)
+    return spread[0] > SPREAD_LIMIT, spread[1] > SPREAD_LIMIT, overlap and abs(ratio - 1) > SAME_SPEED
 
 
 def spread_fields(speeds: list[float]) -> dict:
