@@ -1,14 +1,16 @@
 """Keep freed host memory for reuse instead of handing it back to the kernel after every forward.
 
-glibc's malloc serves any block over its mmap threshold (128 KB, rising to at most 32 MB) with a
-fresh mmap and unmaps it on free; smaller freed blocks at the heap's top above 128 KB are trimmed
-back as well. A CPU forward allocates and frees the same large activations every step (attention
-scores, logits, MLP activations: tens of MB at a 1024-token canvas), so each step page-faults them
-in again, zero-filled by the kernel: about 43,000 faults (170 MB) per uncached forward of the
-built-in model at gen_len 1024. With mmap off and trimming above 1 GB only, the freed blocks stay
-in the heap and the next step reuses them: that forward 20-25% faster, a DualCache step ~12%
-(docs/guide/cpu.md). The cost: the process keeps its peak heap until it exits, which the peak it
-reached already needed.
+glibc's malloc serves a block over its mmap threshold (128 KB, rising with the blocks freed up to
+32 MB) with a fresh mmap and unmaps it on free, and trims free memory at the heap's top above twice
+that threshold. A CPU forward allocates and frees the same activations every step (attention
+scores, logits, MLP activations: several blocks of 10-30 MB at a 1024-token canvas), so each step
+page-faulted them in again, zero-filled by the kernel: about 43,000 faults (170 MB) per uncached
+forward of the built-in model at gen_len 1024. With the mmap threshold at its largest (32 MB) and
+trimming only above 256 MB at the heap's top, the freed blocks stay in the heap and the next step
+reuses them: that forward 20-25% faster, a DualCache step ~12% (docs/guide/cpu.md). Blocks over
+32 MB still get their own mapping when no free heap space fits them, and go back to the kernel when
+freed: a model's load-time buffers (dtype conversions, weight packing, GB at a time) do not stay in
+the process. (Turning mmap off altogether kept them: a 1.5B benchmark grew past 24 GB.)
 
 Applied once per process by the CLI. Left alone where the user chose the allocator's behaviour
 (glibc's MALLOC_* variables or GLIBC_TUNABLES for malloc, or a preloaded allocator), and off glibc.
@@ -20,8 +22,9 @@ import ctypes
 import os
 import platform
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4          # glibc's <malloc.h> parameter numbers
-TRIM_ABOVE = 1 << 30                            # bytes free at the heap's top before it is trimmed
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3    # glibc's <malloc.h> parameter numbers
+MMAP_ABOVE = 32 << 20                           # glibc's largest mmap threshold on 64-bit systems
+TRIM_ABOVE = 256 << 20                          # bytes free at the heap's top before it is trimmed
 state: str | None = None                        # what keep_freed() did in this process (`info` shows it)
 USER_SETTINGS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 
@@ -41,13 +44,13 @@ def decide(environ=os.environ, libc: str | None = None) -> str | None:
 
 
 def keep_freed(environ=os.environ) -> str:
-    """Turn off mmap for large blocks and trim only above TRIM_ABOVE; says what it did, or why not."""
+    """mmap only above MMAP_ABOVE, trim only above TRIM_ABOVE; says what it did, or why not."""
     global state
     if reason := decide(environ):
         state = f"left as it is: {reason}"
     else:
         mallopt = ctypes.CDLL(None).mallopt
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        done = mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE)
+        done = mallopt(M_MMAP_THRESHOLD, MMAP_ABOVE) and mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE)
         state = "freed blocks kept for reuse" if done else "left as it is: mallopt refused"
     return state

@@ -14,15 +14,16 @@ from fastdllm import host_memory
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
-# Allocate, touch every page of, and free a 64 MB block six times; print the minor page faults of
-# the last five (the first may grow the heap).
+# As a forward's activations: allocate four 24 MB blocks, touch every page, free them; six times.
+# Print the minor page faults of the last five (the first grows the heap).
 CYCLES = """
 import resource, sys
 from fastdllm import host_memory
 print(host_memory.keep_freed())
 def cycle():
-    block = bytearray(64 << 20)
-    block[::4096] = b"x" * len(range(0, 64 << 20, 4096))
+    blocks = [bytearray(24 << 20) for _ in range(4)]
+    for block in blocks:
+        block[::4096] = b"x" * len(range(0, 24 << 20, 4096))
 cycle()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
@@ -44,9 +45,29 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     assert state == "freed blocks kept for reuse"
     left_state, left = faults({"MALLOC_MMAP_MAX_": "65536"})     # glibc's default, set by the user: left alone
     assert left_state == "left as it is: MALLOC_MMAP_MAX_ is set"
-    pages = 5 * (64 << 20) // 4096
-    assert left >= pages * 0.9            # every cycle mmaps a fresh block: each page faulted in again
-    assert kept < pages * 0.01            # the heap keeps the block: its pages stay mapped
+    pages = 5 * 4 * (24 << 20) // 4096
+    assert left >= pages * 0.9            # every cycle maps the blocks afresh: each page faulted in again
+    assert kept < pages * 0.01            # the heap keeps the blocks: their pages stay mapped
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt's parameters are glibc's")
+def test_blocks_over_32_mb_still_go_back_to_the_kernel():
+    code = """
+import resource
+from fastdllm import host_memory
+host_memory.keep_freed()
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+block = bytearray(512 << 20)                 # a load-time buffer: mapped apart, returned when freed
+block[::4096] = b"x" * len(range(0, 512 << 20, 4096))
+with_block = rss_mb()
+del block
+print(with_block - rss_mb())
+"""
+    env = {k: v for k, v in os.environ.items() if k not in host_memory.USER_SETTINGS and k != "GLIBC_TUNABLES"}
+    freed = int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                               check=True).stdout)
+    assert freed >= 500                      # MB the process gave back
 
 
 def test_the_users_allocator_choices_are_left_alone():
