@@ -4,10 +4,10 @@ glibc's malloc serves a block over its mmap threshold (128 KB, rising with the b
 32 MB) with a fresh mmap and unmaps it on free, and trims free memory at the heap's top above twice
 that threshold. A CPU forward allocates and frees the same activations every step (attention
 scores, logits, MLP activations: several blocks of 10-30 MB at a 1024-token canvas), so each step
-page-faulted them in again, zero-filled by the kernel: about 43,000 faults (170 MB) per uncached
-forward of the built-in model at gen_len 1024. With the mmap threshold at its largest (32 MB) and
+page-faulted them in again, zero-filled by the kernel (tens of thousands of faults per uncached
+forward of the built-in model at gen_len 1024). With the mmap threshold at its largest (32 MB) and
 trimming only above 256 MB at the heap's top, the freed blocks stay in the heap and the next step
-reuses them: that forward 20-25% faster, a DualCache step ~12% (docs/guide/cpu.md). Blocks over
+reuses them (figures: docs/guide/cpu.md). Blocks over
 32 MB still get their own mapping when no free heap space fits them, and go back to the kernel when
 freed: a model's load-time buffers (dtype conversions, weight packing, GB at a time) do not stay in
 the process. (Turning mmap off altogether kept them: a 1.5B benchmark grew past 24 GB.)

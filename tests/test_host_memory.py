@@ -32,10 +32,15 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def faults(env_extra: dict) -> tuple[str, int]:
+def python(code: str, env_extra: dict) -> list[str]:
+    """The output lines of `code` in a new interpreter, without the user's malloc settings."""
     env = {k: v for k, v in os.environ.items() if k not in host_memory.USER_SETTINGS and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", CYCLES], env={**env, **env_extra}, capture_output=True, text=True,
-                         check=True).stdout.split("\n")
+    return subprocess.run([sys.executable, "-c", code], env={**env, **env_extra}, capture_output=True, text=True,
+                          check=True).stdout.split("\n")
+
+
+def faults(env_extra: dict) -> tuple[str, int]:
+    out = python(CYCLES, env_extra)
     return out[0], int(out[1])
 
 
@@ -53,7 +58,6 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
 @pytest.mark.skipif(not GLIBC, reason="mallopt's parameters are glibc's")
 def test_blocks_over_32_mb_still_go_back_to_the_kernel():
     code = """
-import resource
 from fastdllm import host_memory
 host_memory.keep_freed()
 def rss_mb():
@@ -64,9 +68,7 @@ with_block = rss_mb()
 del block
 print(with_block - rss_mb())
 """
-    env = {k: v for k, v in os.environ.items() if k not in host_memory.USER_SETTINGS and k != "GLIBC_TUNABLES"}
-    freed = int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                               check=True).stdout)
+    freed = int(python(code, {})[0])
     assert freed >= 500                      # MB the process gave back
 
 

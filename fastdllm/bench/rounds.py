@@ -66,26 +66,16 @@ def next_round(cases: list[Case], speeds: list[list[float]], repetitions: int | 
         base = baselines.get(case.group)
         if base is None or base == k:                       # the baseline runs when a row needs it
             continue
-        row_noisy, base_noisy, apart = _why_unreliable(speeds[k], speeds[base])
-        if row_noisy and len(speeds[k]) < AUTO_MOST:
+        row_spread, base_spread, overlap = _noise(speeds[k], speeds[base])
+        # ranges that overlap while the medians are close say "the same speed" however many rounds run
+        ratio = statistics.median(speeds[k]) / max(statistics.median(speeds[base]), 1e-12)
+        if row_spread > SPREAD_LIMIT and len(speeds[k]) < AUTO_MOST:
             wanted.add(k)                                   # its own noise: more of the row alone
-        if base_noisy and len(speeds[base]) < AUTO_MOST:
+        if base_spread > SPREAD_LIMIT and len(speeds[base]) < AUTO_MOST:
             wanted.add(base)                                # the baseline's noise: more of it alone
-        if apart and len(speeds[base]) < AUTO_MOST and len(speeds[k]) < AUTO_MOST:
+        if overlap and abs(ratio - 1) > SAME_SPEED and max(len(speeds[k]), len(speeds[base])) < AUTO_MOST:
             wanted |= {k, base}
     return sorted(wanted)
-
-
-def _why_unreliable(reps: list[float], base: list[float]) -> tuple[bool, bool, bool]:
-    """What another round could fix in a speed-up: the row's spread, the baseline's spread (each
-    above SPREAD_LIMIT, on the repetitions the median keeps), or ranges that overlap while the
-    medians are more than SAME_SPEED apart (a row as fast as its baseline overlaps it however many
-    rounds run: it is read as ~1x, not measured again)."""
-    kept, kept_base = outvoted(reps), outvoted(base)
-    spread = [(max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (kept, kept_base)]
-    overlap = min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
-    ratio = statistics.median(reps) / max(statistics.median(base), 1e-12)
-    return spread[0] > SPREAD_LIMIT, spread[1] > SPREAD_LIMIT, overlap and abs(ratio - 1) > SAME_SPEED
 
 
 def spread_fields(speeds: list[float]) -> dict:
@@ -108,12 +98,18 @@ def speedup_fields(reps: list[float], base: list[float]) -> dict:
         return {"speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None}
     reliable = None
     if len(reps) > 1 and len(base) > 1:
-        kept, kept_base = outvoted(reps), outvoted(base)
-        spread = max((max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (kept, kept_base))
-        overlap = min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
-        reliable = spread <= SPREAD_LIMIT and not overlap
+        row_spread, base_spread, overlap = _noise(reps, base)
+        reliable = max(row_spread, base_spread) <= SPREAD_LIMIT and not overlap
     return {"speedup": round(mid / base_mid, 3), "speedup_min": round(min(reps) / max(base), 3),
             "speedup_max": round(max(reps) / min(base), 3), "speedup_reliable": reliable}
+
+
+def _noise(reps: list[float], base: list[float]) -> tuple[float, float, bool]:
+    """The row's and the baseline's spreads on the repetitions their medians keep, and whether
+    those ranges overlap."""
+    kept, kept_base = outvoted(reps), outvoted(base)
+    row_spread, base_spread = ((max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (kept, kept_base))
+    return row_spread, base_spread, min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
 
 
 def outvoted(speeds: list[float]) -> list[float]:
