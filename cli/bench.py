@@ -71,7 +71,7 @@ def bench(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field (and a \"suffix\" on every line: infilling), or one prompt per line.")] = None,
     n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
-    repetitions: Annotated[str, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable). auto: 2 of every row, then up to 5 for a row whose speed-up is still unreliable (and its baseline).")] = "auto",
+    repetitions: Annotated[str, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable). auto: 2 of every row, then up to 5 for a row whose spread is above 10% or whose speed-up is still unsettled (with its baseline).")] = "auto",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of the first batch per cache mode and shape.")] = 1,
     output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv | html (the table and a speed-up against agreement scatter, one point per row).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,

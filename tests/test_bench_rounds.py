@@ -42,16 +42,20 @@ def test_repetitions_interleave_and_give_median_and_spread(llada64, one_thread, 
     assert arrived == [("baseline", 7), ("dual", 8)]                      # each row after its last repetition
     base, dual = records
     assert base["tokens_per_second_reps"] == [5.0, 2.5, 4.0] and base["tokens_per_second"] == 4.0
-    assert base["tokens_per_second_spread"] == pytest.approx((5.0 - 2.5) / 4.0)
+    # the spread of the repetitions the median keeps (2.5 is outvoted), and that of all three
+    assert base["tokens_per_second_spread"] == pytest.approx((5.0 - 4.0) / 4.5, abs=1e-4)
+    assert base["tokens_per_second_spread_all"] == pytest.approx((5.0 - 2.5) / 4.0)
     assert dual["tokens_per_second_reps"] == [10.0, 25.0, 16.667] and dual["tokens_per_second"] == 16.667
-    assert dual["tokens_per_second_spread"] == pytest.approx(15.0 / 16.667, abs=1e-4) and dual["seconds"] == 0.6
+    assert dual["tokens_per_second_spread"] == pytest.approx(6.667 / 13.333, abs=1e-4) and dual["seconds"] == 0.6
+    assert dual["tokens_per_second_spread_all"] == pytest.approx(15.0 / 16.667, abs=1e-4)
     assert dual["speedup"] == pytest.approx(16.667 / 4.0, abs=1e-3)
     assert (dual["speedup_min"], dual["speedup_max"]) == (2.0, 10.0)
     # of 3, the repetition farthest from the median (25) is outvoted: 10 and 16.7 still spread 40%
     assert dual["speedup_reliable"] is False and base["speedup_reliable"] is None and base["speedup"] == 1.0
     md = bench_format.render(records, "md")
-    assert "| ~4.17x |" in md and "| 90.0% |" in md and "~: speed-up unreliable" in md
-    assert "3 timed repetitions interleaved, tok/s their median" in md
+    assert "| ~4.17x |" in md and "| 50.0% |" in md and "~: speed-up unreliable" in md
+    assert "3 timed repetitions interleaved, tok/s their median, spread (fastest - slowest) / median of the " \
+           "repetitions it keeps (of 3 or more, the one farthest from it left out)" in md
 
 
 def test_steady_repetitions_leave_the_speedup_unmarked(llada64, one_thread, monkeypatch):
@@ -86,12 +90,35 @@ def test_auto_repetitions_rerun_a_noisy_row_alone(llada64, one_thread, monkeypat
     assert len(seen) == 3 + 7                                               # the last scripted time unused
 
 
+def test_auto_repetitions_rerun_a_row_until_its_spread_is_steady(llada64, one_thread, monkeypatch):
+    # dual 20 then 17.5 tok/s: 13%, under the unreliable mark (25%) but above STEADY (10%); a third
+    # round of dual alone, and the shown spread is that of the two the median keeps
+    from fastdllm.bench.rounds import STEADY
+
+    seconds = [2.0, 0.5, 2.02, 0.57, 0.51, 9.0]
+    records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
+    assert seen[2:] == [("baseline", "rep 1"), ("dual", "rep 1"), ("baseline", "rep 2"), ("dual", "rep 2"),
+                        ("dual", "rep 3")]
+    base, dual = records
+    assert dual["tokens_per_second_reps"] == [20.0, 17.544, 19.608] and base["repetitions"] == 2
+    assert dual["tokens_per_second_spread"] == pytest.approx(0.392 / 19.804, abs=1e-4)
+    assert dual["tokens_per_second_spread_all"] == pytest.approx(2.456 / 19.608, abs=1e-4)
+    assert dual["tokens_per_second_spread"] < STEADY < dual["tokens_per_second_spread_all"]
+    assert "| 2.0% |" in bench_format.render(records, "md")
+
+
 def test_auto_repetitions_rerun_a_noisy_baseline_alone(llada64, one_thread, monkeypatch):
     seconds = [2.0, 0.5, 4.0, 0.5, 2.0, 9.0]                               # the baseline: 5, 2.5, then 5 tok/s
     records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
     assert seen[2:] == [("baseline", "rep 1"), ("dual", "rep 1"), ("baseline", "rep 2"), ("dual", "rep 2"),
                         ("baseline", "rep 3")]
     assert records[0]["tokens_per_second_reps"] == [5.0, 2.5, 5.0] and records[1]["speedup_reliable"] is True
+
+
+def test_auto_repetitions_rerun_a_baseline_above_the_steady_spread_alone(llada64, one_thread, monkeypatch):
+    seconds = [2.0, 0.5, 2.25, 0.5, 2.0, 9.0]                              # 5 and 4.4 tok/s: 12%, again alone
+    records, seen, _ = scripted_measure(llada64, ["baseline", "dual"], seconds, monkeypatch, repetitions="auto")
+    assert seen[-1] == ("baseline", "rep 3") and len(seen) == 2 + 5 and records[0]["tokens_per_second_spread"] == 0.0
 
 
 def test_auto_repetitions_rerun_overlapping_ranges_with_their_baseline(llada64, one_thread, monkeypatch):

@@ -112,7 +112,9 @@ def caption(records: list[dict]) -> str:
     low, high = min(x["repetitions"] for x in records), max(x["repetitions"] for x in records)
     counts = f"{low}" if low == high else f"{low}-{high}"
     parts.append(f"{counts} timed repetition{'s' * (high > 1)}" + (" (auto)" if r.get("repetitions_asked") == "auto" else "")
-                 + (" interleaved, tok/s their median, spread (fastest - slowest) / median" if high > 1 else "")
+                 + (" interleaved, tok/s their median, spread (fastest - slowest) / median"
+                    + (" of the repetitions it keeps (of 3 or more, the one farthest from it left out)" if high > 2 else "")
+                    if high > 1 else "")
                  + f", {r['warmup']} warm-up")
     if any(x.get("positions_per_forward") for x in records):
         parts.append("answer: tokens per answer, up to its end token; pos/fwd: canvas positions a forward runs (no cache: "

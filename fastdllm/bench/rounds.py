@@ -3,12 +3,14 @@
 A round runs every case still measured once, in case order (interleaved: a load that comes and goes
 falls on all of them alike). A fixed count N gives every case N rounds. `auto`, the default, gives
 every case AUTO_FIRST rounds, then further rounds, up to AUTO_MOST in all, only to the cases whose
-speed-up over their group's baseline is still unreliable in a way another round can fix: a row
-whose own spread is above SPREAD_LIMIT runs again alone (a cheap cached row does not rerun its
-expensive baseline), a noisy baseline runs again alone, and ranges that overlap while the medians
-differ by more than SAME_SPEED rerun the row with its baseline. On a quiet machine that is two rounds (the wall
-time of two passes over the prompts); a burst of load that spoils a ratio buys what it spoiled
-more rounds, and the median then outvotes it. Data-parallel runs take
+speed is still unsettled in a way another round can fix: a row (the baseline included) whose
+spread is above STEADY runs again alone (a cheap cached row does not rerun its expensive
+baseline), and ranges that overlap while the medians differ by more than SAME_SPEED rerun the row
+with its baseline. On a quiet machine that is two rounds (the wall time of two passes over the
+prompts); a burst of load buys what it spoiled more rounds, and the median then outvotes it. A
+spread is taken over the rounds the median keeps (`outvoted`: from three rounds on, all but the one
+farthest from it), so one burst does not stand in the table however many rounds follow; every
+round's tokens/s stays in the record. Data-parallel runs take
 AUTO_FIXED rounds of every case instead: each rank sees only its share of the timings, and every
 rank must run the same rounds.
 """
@@ -23,6 +25,7 @@ from .cases import BASELINE, SPREAD_LIMIT, Case
 AUTO = "auto"
 AUTO_FIRST, AUTO_MOST, AUTO_FIXED = 2, 5, 3
 SAME_SPEED = 0.10                  # medians this close (ratio 0.9-1.1) with overlapping ranges: the same speed
+STEADY = 0.10                      # a spread above this runs the row again (a speed-up is marked ~ only above SPREAD_LIMIT)
 
 
 def parse(text: str) -> int | str:
@@ -60,19 +63,16 @@ def next_round(cases: list[Case], speeds: list[list[float]], repetitions: int | 
         return [k for k, s in enumerate(speeds) if len(s) < count]
     if min(len(s) for s in speeds) < AUTO_FIRST:
         return [k for k, s in enumerate(speeds) if len(s) < AUTO_FIRST]
+    # its own noise: more of the row alone (a baseline, or a row without one, too)
+    wanted = {k for k, s in enumerate(speeds) if kept_spread(s) > STEADY and len(s) < AUTO_MOST}
     baselines = {c.group: k for k, c in enumerate(cases) if c.name == BASELINE}
-    wanted = set()
     for k, case in enumerate(cases):
         base = baselines.get(case.group)
-        if base is None or base == k:                       # the baseline runs when a row needs it
+        if base is None or base == k:
             continue
-        row_spread, base_spread, overlap = _noise(speeds[k], speeds[base])
+        _, _, overlap = _noise(speeds[k], speeds[base])
         # ranges that overlap while the medians are close say "the same speed" however many rounds run
         ratio = statistics.median(speeds[k]) / max(statistics.median(speeds[base]), 1e-12)
-        if row_spread > SPREAD_LIMIT and len(speeds[k]) < AUTO_MOST:
-            wanted.add(k)                                   # its own noise: more of the row alone
-        if base_spread > SPREAD_LIMIT and len(speeds[base]) < AUTO_MOST:
-            wanted.add(base)                                # the baseline's noise: more of it alone
         if overlap and abs(ratio - 1) > SAME_SPEED and max(len(speeds[k]), len(speeds[base])) < AUTO_MOST:
             wanted |= {k, base}
     return sorted(wanted)
@@ -80,13 +80,23 @@ def next_round(cases: list[Case], speeds: list[list[float]], repetitions: int | 
 
 def spread_fields(speeds: list[float]) -> dict:
     """A record's speed figures from each repetition's tokens/s: the median, every repetition, the
-    spread ((fastest - slowest) / median; None with one repetition) and the std (older readers)."""
-    median = statistics.median(speeds)
+    spread of the repetitions the median keeps ((fastest - slowest) / median, see `outvoted`), that
+    of all of them, and the std (older readers); spreads and std are None with one repetition."""
     several = len(speeds) > 1
-    return {"tokens_per_second": round(median, 3),
+    return {"tokens_per_second": round(statistics.median(speeds), 3),
             "tokens_per_second_reps": [round(s, 3) for s in speeds],
-            "tokens_per_second_spread": round((max(speeds) - min(speeds)) / median, 4) if several and median else None,
+            "tokens_per_second_spread": round(kept_spread(speeds), 4) if several and any(speeds) else None,
+            "tokens_per_second_spread_all": round(_spread(speeds), 4) if several and any(speeds) else None,
             "tokens_per_second_std": round(statistics.stdev(speeds), 3) if several else None}
+
+
+def kept_spread(speeds: list[float]) -> float:
+    """(fastest - slowest) / median of the repetitions the median keeps; 0 for one repetition."""
+    return _spread(outvoted(speeds))
+
+
+def _spread(speeds: list[float]) -> float:
+    return (max(speeds) - min(speeds)) / max(statistics.median(speeds), 1e-12)
 
 
 def speedup_fields(reps: list[float], base: list[float]) -> dict:
@@ -108,8 +118,7 @@ def _noise(reps: list[float], base: list[float]) -> tuple[float, float, bool]:
     """The row's and the baseline's spreads on the repetitions their medians keep, and whether
     those ranges overlap."""
     kept, kept_base = outvoted(reps), outvoted(base)
-    row_spread, base_spread = ((max(x) - min(x)) / max(statistics.median(x), 1e-12) for x in (kept, kept_base))
-    return row_spread, base_spread, min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
+    return _spread(kept), _spread(kept_base), min(kept) <= max(kept_base) and min(kept_base) <= max(kept)
 
 
 def outvoted(speeds: list[float]) -> list[float]:
