@@ -162,6 +162,24 @@ def test_avx2_loads_fp32_and_says_why(llada_dir, simulated):
     assert record["model"]["dtype_choice"] == "fp32: no bf16 kernels on this CPU (emulated)"
 
 
+@pytest.mark.parametrize("flags, native, probe, said", [
+    (AVX2, False, never, "fp32: no bf16 kernels on this CPU (emulated)"),
+    (AVX512, True, probe_of(5.3, 2.7), "fp32: bf16 not faster here (probe 5.3 ms vs 2.7 ms)"),   # AVX-512 without bf16 units
+    (AVX512_BF16, True, probe_of(1.4, 3.7), None),
+], ids=["avx2", "avx512_core", "avx512_bf16"])
+def test_a_given_bf16_is_loaded_and_the_note_says_when_fp32_is_faster(llada_dir, simulated, monkeypatch,
+                                                                      flags, native, probe, said):
+    simulated(flags, native)
+    monkeypatch.setattr(cpu_dtype, "cached_probe", lambda path, key: probe())
+    monkeypatch.setenv("FASTDLLM_CPU_DTYPE", "fp32")          # a pin does not change what the note says
+    r = invoke("generate", "-m", llada_dir, "-n", "16", "--block-len", "16", "--dtype", "bf16", "--raw", "hi")
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: bf16")]
+    expected = [f"note: bf16 is slower than fp32 on this CPU; --dtype auto picks {said}"] if said else []
+    assert r.exit_code == 0 and [" ".join(n.split()) for n in notes] == expected
+    # int8 / int4 compute in bf16 on purpose: no such note for them
+    assert cpu_dtype.bf16_load_note("int8") is None and cpu_dtype.bf16_load_note("int4") is None
+
+
 def test_a_given_dtype_is_not_second_guessed(llada_dir, simulated):
     simulated(AMX, True)
     lm = loading.load(llada_dir, dtype="fp32")
