@@ -218,6 +218,11 @@ def main() -> None:
     llamacpp_runs.LLAMA_ENV = USER_ENV
     a.precisions, a.best_llama, a.best_fastdllm = ([p for p in s.split(",") if p != "none"]
                                                  for s in (a.precisions, a.best_llama, a.best_fastdllm))
+    for flag, given, known in (("--precisions", a.precisions, [p[0] for p in PRECISIONS]),
+                               ("--best-llama", a.best_llama, [p[0] for p in PRECISIONS]),
+                               ("--best-fastdllm", a.best_fastdllm, [p[1] for p in PRECISIONS])):
+        if unknown := [p for p in given if p not in known]:
+            ap.error(f"{flag} {','.join(unknown)}: expected some of {','.join(known)} (or none)")
     thread_watch.start(a.threads, set(os.sched_getaffinity(0)))     # as the CLI: fewer beside busy cores
     shapes = a.shapes.split(",")
     kinds = sorted(set(a.precisions) | set(a.best_llama) | {"f32"}, key=[p[0] for p in PRECISIONS].index)

@@ -73,3 +73,12 @@ def test_speed_runs_at_a_tiny_shape_and_writes_json(tmp_path):
     assert [r["mode"] for r in report["records"]] == ["none", "dual"]
     assert all(r["nfe"] == 32 for r in report["records"])            # one token per step
     assert "cpu" in report["conditions"]["machine"]
+
+
+def test_vs_llamacpp_names_an_unknown_precision_in_one_line():
+    # before any build or download; a subprocess, as harness.parse sets the allocator for its process
+    r = subprocess.run([sys.executable, str(BENCH / "vs_llamacpp.py"), "--precisions", "f32,fp32"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        "error: --precisions fp32: expected some of f32,bf16,q8_0,q4_0 (or none)")
