@@ -20,7 +20,7 @@ def load_model(model_dir: Path, *, name: str | None = None, force: bool | None =
                **placement: str):
     """Load with a spinner on a terminal (stderr), once the fit verdict allows it (--force skips it)."""
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.cpu_dtype import bf16_load_note
+    from fastdllm.checkpoints.placement import bf16_load_note
 
     if not forced(force):
         from fastdllm.checkpoints.fit import check
@@ -32,7 +32,7 @@ def load_model(model_dir: Path, *, name: str | None = None, force: bool | None =
     spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
     with spinner, keys_not_echoed():
         lm = loading.load(model_dir, **placement)
-    if lm.info.get("bf16") and (slow := bf16_load_note(lm.quantize)):       # a CPU load in bf16
+    if slow := bf16_load_note(lm):
         err_console.print(f"note: {slow}", style="yellow")
     for note in lm.notes:
         err_console.print(f"note: {note}", style="yellow")

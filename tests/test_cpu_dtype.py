@@ -4,12 +4,13 @@ capabilities, the probe's cache, the FASTDLLM_CPU_DTYPE pin, and what info / -v 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from fastdllm.checkpoints import cpu_dtype, loading
+from fastdllm.checkpoints import cpu_dtype, loading, placement
 from fastdllm.checkpoints.cpu_dtype import Capabilities, cached_probe, decide
 from fastdllm.cli.app import app
 from fastdllm.errors import UsageError
@@ -177,7 +178,8 @@ def test_a_given_bf16_is_loaded_and_the_note_says_when_fp32_is_faster(llada_dir,
     expected = [f"note: bf16 is slower than fp32 on this CPU; --dtype auto picks {said}"] if said else []
     assert r.exit_code == 0 and [" ".join(n.split()) for n in notes] == expected
     # int8 / int4 compute in bf16 on purpose: no such note for them
-    assert cpu_dtype.bf16_load_note("int8") is None and cpu_dtype.bf16_load_note("int4") is None
+    for quantize in ("int8", "int4"):
+        assert placement.bf16_load_note(SimpleNamespace(info={"bf16": "native"}, quantize=quantize)) is None
 
 
 def test_a_given_dtype_is_not_second_guessed(llada_dir, simulated):

@@ -65,17 +65,12 @@ def auto_choice() -> Choice:
         if pinned not in ("fp32", "bf16"):
             raise UsageError(f"{ENV}={pinned}: expected fp32 or bf16 (or unset: decided by the CPU)")
         return Choice(pinned, f"{pinned}: {ENV}={pinned}")
+    return decided()
+
+
+def decided() -> Choice:
+    """decide() for this machine, its probe cached per machine."""
     return decide(this_cpu(), lambda: cached_probe(cache_path(), probe_key()))
-
-
-def bf16_load_note(quantize: str = "none") -> str | None:
-    """Said when a model is loaded on a CPU in bf16 where fp32 is the faster format (what `decide`
-    says here, whatever FASTDLLM_CPU_DTYPE pins): what --dtype auto picks and why. None where bf16
-    is right, and for int8 / int4, which compute in bf16 on purpose (their kernels' fast path)."""
-    if quantize in ("int8", "int4"):
-        return None
-    choice = decide(this_cpu(), lambda: cached_probe(cache_path(), probe_key()))
-    return None if choice.dtype == "bf16" else f"bf16 is slower than fp32 on this CPU; --dtype auto picks {choice.reason}"
 
 
 def this_cpu() -> Capabilities:

@@ -66,6 +66,19 @@ def cpu_quant_check(quantize: str, dtype: str, device_map) -> None:
         raise UserError(f"--quantize {quantize} computes in bf16 (default) or fp32, not --dtype {dtype}")
 
 
+def bf16_load_note(loaded) -> str | None:
+    """Said when a model (loading.LoadedModel) is loaded on a CPU in bf16 where fp32 is the faster
+    format (what cpu_dtype.decide says here, whatever FASTDLLM_CPU_DTYPE pins): what --dtype auto
+    picks and why. None elsewhere: on a GPU, in another dtype, where bf16 is right, and for int8 /
+    int4, which compute in bf16 on purpose (their kernels' fast path)."""
+    if not loaded.info.get("bf16") or loaded.quantize in CPU_FORMATS:    # info's "bf16": a CPU load in bf16
+        return None
+    from .cpu_dtype import decided
+
+    choice = decided()
+    return None if choice.dtype == "bf16" else f"bf16 is slower than fp32 on this CPU; --dtype auto picks {choice.reason}"
+
+
 BNB_ON_CPU_NOTE = ("bitsandbytes 8bit/4bit compute slower than fp32 on a CPU: --quantize int8 / int4 are "
                    "the CPU formats (docs/cpu-quantization.md)")
 

@@ -70,7 +70,7 @@ class FastdllmLM(LM):
             from ..checkpoints import loading
             from ..checkpoints.locate import resolve_model_dir
             from ..decode import profiles
-            from ..checkpoints.cpu_dtype import bf16_load_note
+            from ..checkpoints.placement import bf16_load_note
 
             if str(device).startswith("cuda") and not torch.cuda.is_available():   # lm-eval's default is cuda:0
                 print(f"note: no CUDA device for lm-eval's --device {device}: placing the model as fastdllm "
@@ -83,7 +83,7 @@ class FastdllmLM(LM):
                 device = "cuda"                # lm-eval's one device: here each rank's own GPU
             self.world.share_threads()
             lm = loading.load(model_dir, dtype=dtype, device=self.world.device(device), quantize=quantize)
-            if lm.info.get("bf16") and (slow := bf16_load_note(lm.quantize)):     # a CPU load in bf16
+            if slow := bf16_load_note(lm):
                 print(f"note: {slow}", file=sys.stderr)
         self.lm, self.cfg = lm, cfg or DecodeConfig()
         self.rows = int(batch_size) if str(batch_size).isdigit() else 1
