@@ -55,7 +55,7 @@ def test_masking_and_loss():
     assert not masked[0, :4].any() and masked[0, 4:].all() and masked[1].all()   # prompt never masked
     assert (noisy[masked] == 2).all()
     logits = torch.zeros(2, 16, 50)
-    loss = data.diffusion_loss(logits, tokens, masked, t, prompt)
+    loss = data.weighted_loss(logits, tokens, masked / t[:, None], prompt)
     assert torch.isclose(loss, torch.log(torch.tensor(50.0)))                   # uniform logits: log V
 
 

@@ -109,9 +109,52 @@ def mask_batch(tokens: torch.Tensor, prompt_len: torch.Tensor, mask_id: int, gen
     return torch.where(masked, mask_id, tokens), masked, t
 
 
-def diffusion_loss(logits: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
-                   prompt_len: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy on masked positions weighted by 1/t, normalised by each row's answer length."""
+def weighted_loss(logits: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor, prompt_len: torch.Tensor):
+    """Cross-entropy on masked positions, each weighted by 1/p for a position masked with
+    probability p (0 where not masked), normalised by each row's answer length (LLaDA's loss)."""
     ce = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), tokens, reduction="none")  # (B, L)
-    per_row = (ce * masked / t[:, None]).sum(1) / (tokens.shape[1] - prompt_len).clamp_min(1)
-    return per_row.mean()
+    return ((ce * weight).sum(1) / (tokens.shape[1] - prompt_len).clamp_min(1)).mean()
+
+
+class StdlibSource:
+    """tiny-code's rows (Examples) and masks, drawn from one torch.Generator."""
+
+    def __init__(self, cfg, tok, ids: dict[str, int], texts: list[str]):
+        import random
+
+        eos = ids["<|endoftext|>"]
+        stream = []
+        for enc in tok.encode_batch(texts):
+            stream.extend(enc.ids + [eos])
+        funcs = [f for text in texts for f in functions(text)]
+        rng = random.Random(cfg.seed)
+        continued = [c for h, b in funcs if (c := continuation(h, b, rng))] if cfg.continuation_fraction else []
+        encode = (lambda pairs: [(h.ids, b.ids) for h, b in zip(tok.encode_batch([h for h, _ in pairs]),
+                                                                 tok.encode_batch([b for _, b in pairs]))])
+        self.examples = Examples(torch.tensor(stream), encode(funcs), cfg.seq_len, eos, cfg.sft_fraction,
+                                 encode(continued), cfg.continuation_fraction)
+        self.seq_len, self.gen = cfg.seq_len, torch.Generator().manual_seed(cfg.seed)
+
+    def describe(self) -> str:
+        return f"{len(self.examples.stream):,} tokens, {len(self.examples.functions):,} functions"
+
+    def batch(self, size: int):
+        return self.examples.batch(size, self.gen)
+
+    def mask(self, tokens, prompt, mask_id: int):
+        noisy, masked, t = mask_batch(tokens, prompt, mask_id, self.gen)
+        return noisy, masked / t[:, None]
+
+    def held_out(self, held_stream: torch.Tensor, rows: int = 32):
+        """Fixed windows of the held-out modules."""
+        starts = torch.linspace(0, len(held_stream) - self.seq_len - 1, rows).long()
+        return torch.stack([held_stream[s:s + self.seq_len] for s in starts.tolist()]), torch.zeros(rows, dtype=torch.long)
+
+    def get_state(self):
+        return self.gen.get_state()
+
+    def set_state(self, state) -> None:
+        self.gen.set_state(state)
+
+    def reseed(self, seed: int) -> None:
+        self.gen.manual_seed(seed)

@@ -21,10 +21,14 @@ LLADA_CHAT_TEMPLATE = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}")
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Byte-level BPE (GPT-2 style pre-tokenisation); the special tokens take ids 0..5."""
+def train_bpe(texts: Iterable[str], vocab_size: int, split_digits: bool = False) -> Tokenizer:
+    """Byte-level BPE (GPT-2 style pre-tokenisation); the special tokens take ids 0..5. With
+    split_digits every digit is a token of its own (numbers are read and written digit by digit,
+    which is what lets a small model learn arithmetic)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..models import LLaDAConfig, LLaDAModelLM
-from . import data, tokenizer
+from . import data, mixture, tokenizer
 
 
 @dataclass
@@ -27,6 +27,11 @@ class TrainConfig:
     out: Path                      # exported checkpoint directory (LLaDA format)
     state_dir: Path                # resumable training state
     corpus_root: Path | None = None  # default: this interpreter's stdlib
+    recipe: str = "stdlib"           # "stdlib" (tiny-code: Python source) or "tiny-llada" (mixture.py)
+    block_share: float = 0.5         # tiny-llada: rows masked as block-wise decoding meets them
+    row_lengths: str = "128:0.55,192:0.37,512:0.08"   # tiny-llada: row length:share of batches
+    decay_minutes: float | None = None   # constant lr, then linear decay over a run's last minutes
+    gen_len: int | None = None       # generation_config's default generation length (seq_len // 2)
     vocab_size: int = 4096
     d_model: int = 256
     n_layers: int = 8
@@ -49,37 +54,25 @@ class TrainConfig:
     threads: int | None = None
 
 
-def _encode_pairs(tok, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    heads, bodies = tok.encode_batch([h for h, _ in pairs]), tok.encode_batch([b for _, b in pairs])
-    return [(h.ids, b.ids) for h, b in zip(heads, bodies)]
-
-
 def prepare(cfg: TrainConfig, log=print):
-    """Tokenizer (trained once, then reused), token stream, functions, held-out eval batch."""
+    """Tokenizer (trained once, then reused), the training rows' source, held-out rows."""
     train_files, held_files = data.corpus_files(cfg.corpus_root)
+    texts = [data.read(p) for p in train_files]
     tok_dir = cfg.state_dir / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
         tok = tokenizer.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     else:
-        tok = tokenizer.train_bpe((data.read(p) for p in train_files), cfg.vocab_size)
+        corpus = mixture.tokenizer_texts(random.Random(cfg.seed), texts) if cfg.recipe == "tiny-llada" else texts
+        tok = tokenizer.train_bpe(corpus, cfg.vocab_size, split_digits=cfg.recipe == "tiny-llada")
         tokenizer.save_llada_tokenizer(tok, tok_dir)
     ids = {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
-    eos = ids[tokenizer.EOS]
-    texts = [data.read(p) for p in train_files]
-    stream = []
-    for enc in tok.encode_batch(texts):
-        stream.extend(enc.ids + [eos])
-    funcs = [f for text in texts for f in data.functions(text)]
-    rng = random.Random(cfg.seed)
-    continued = [c for h, b in funcs if (c := data.continuation(h, b, rng))] if cfg.continuation_fraction else []
-    examples = data.Examples(torch.tensor(stream), _encode_pairs(tok, funcs), cfg.seq_len, eos, cfg.sft_fraction,
-                             _encode_pairs(tok, continued), cfg.continuation_fraction)
+    source = (mixture.MixtureSource if cfg.recipe == "tiny-llada" else data.StdlibSource)(cfg, tok, ids, texts)
     held_stream = []
     for enc in tok.encode_batch([data.read(p) for p in held_files]):
-        held_stream.extend(enc.ids + [eos])
-    log(f"corpus: {len(train_files)} files, {len(stream):,} tokens, {len(funcs):,} functions; "
-        f"held out: {len(held_files)} modules, {len(held_stream):,} tokens")
-    return tok, ids, examples, torch.tensor(held_stream)
+        held_stream.extend(enc.ids + [ids[tokenizer.EOS]])
+    held = source.held_out(torch.tensor(held_stream))
+    log(f"corpus: {len(train_files)} files; {source.describe()}; held out: {len(held_files)} modules")
+    return tok, ids, source, held
 
 
 def build_model(cfg: TrainConfig, ids: dict[str, int], vocab: int) -> LLaDAModelLM:
@@ -92,22 +85,27 @@ def build_model(cfg: TrainConfig, ids: dict[str, int], vocab: int) -> LLaDAModel
     return LLaDAModelLM(config)
 
 
-def heldout_loss(model, held: torch.Tensor, mask_id: int, seq_len: int, rows: int = 32) -> float:
-    """Masked-diffusion loss on fixed held-out windows at fixed t (0.05 ... 1), fixed masks."""
+def heldout_loss(model, held: tuple[torch.Tensor, torch.Tensor], mask_id: int) -> float:
+    """Masked-diffusion loss on fixed held-out rows at fixed t (0.05 ... 1), fixed masks."""
+    tokens, prompt = held
     gen = torch.Generator().manual_seed(1234)
-    starts = torch.linspace(0, len(held) - seq_len - 1, rows).long()
-    tokens = torch.stack([held[s:s + seq_len] for s in starts.tolist()])
-    t = torch.linspace(0.05, 1.0, rows)
-    prompt = torch.zeros(rows, dtype=torch.long)
+    t = torch.linspace(0.05, 1.0, len(tokens))
     noisy, masked, t = data.mask_batch(tokens, prompt, mask_id, gen, t=t)
     model.eval()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(noisy).logits
     model.train()
-    return float(data.diffusion_loss(logits, tokens, masked, t, prompt))
+    return float(data.weighted_loss(logits, tokens, masked / t[:, None], prompt))
 
 
-def lr_at(cfg: TrainConfig, step: int) -> float:
+def lr_at(cfg: TrainConfig, step: int, run_first_step: int = 0, minutes_left: float | None = None) -> float:
+    """Cosine (warm-up, then down to min_lr_fraction at total_steps), or with decay_minutes set:
+    warm-up from this run's first step, constant, then linear decay over the run's last
+    decay_minutes (each run of --max-minutes ends annealed; the next warms up again)."""
+    if cfg.decay_minutes:
+        warm = min(1.0, (step - run_first_step + 1) / cfg.warmup_steps)
+        left = 1.0 if minutes_left is None else min(1.0, max(0.0, minutes_left / cfg.decay_minutes))
+        return cfg.lr * warm * (cfg.min_lr_fraction + (1 - cfg.min_lr_fraction) * left)
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
@@ -118,27 +116,26 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    tok, ids, examples, held = prepare(cfg, log)
+    tok, ids, source, held = prepare(cfg, log)
     model = build_model(cfg, ids, tok.get_vocab_size())
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(cfg.seed)
     state = {"step": 0, "tokens": 0, "wall_seconds": 0.0, "runs": 0, "history": []}
     state_file = cfg.state_dir / "state.pt"
     if resume and state_file.is_file():
         saved = torch.load(state_file, weights_only=False)
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
-        gen.set_state(saved["generator"])
+        source.set_state(saved["generator"])
         state = saved["state"]
         log(f"resumed from {state_file} at step {state['step']}")
     elif resume and (cfg.out / "trainer_state.json").is_file():   # weights-only restart from the export
         exported = LLaDAModelLM.from_pretrained(cfg.out, dtype=torch.float32)
         model.load_state_dict(exported.state_dict())
         state = json.loads((cfg.out / "trainer_state.json").read_text())
-        gen.manual_seed(cfg.seed + state["step"])
+        source.reseed(cfg.seed + state["step"])
         log(f"resumed weights (optimiser reset) from {cfg.out} at step {state['step']}")
     state["runs"] += 1
     state.setdefault("commands", []).append(" ".join(sys.argv[1:]) or "(train() called from Python)")
@@ -146,18 +143,20 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     run_start = last_save = time.perf_counter()
+    first_step = state["step"]
+    minutes_left = lambda: None if cfg.max_minutes is None else cfg.max_minutes - (time.perf_counter() - run_start) / 60
     wall_before = state["wall_seconds"]
     mask_id = ids[tokenizer.MASK]
     model.train()
     window_tokens, window_start = 0, time.perf_counter()
     while state["step"] < cfg.total_steps and not stop["now"]:
         for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, state["step"])
-        tokens, prompt = examples.batch(cfg.batch_size, gen)
-        noisy, masked, t = data.mask_batch(tokens, prompt, mask_id, gen)
+            group["lr"] = lr_at(cfg, state["step"], first_step, minutes_left())
+        tokens, prompt = source.batch(cfg.batch_size)
+        noisy, weight = source.mask(tokens, prompt, mask_id)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(noisy).logits
-        loss = data.diffusion_loss(logits, tokens, masked, t, prompt)
+        loss = data.weighted_loss(logits, tokens, weight, prompt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -168,29 +167,29 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         now = time.perf_counter()
         state["wall_seconds"] = wall_before + (now - run_start)
         if state["step"] % 50 == 0:
-            log(f"step {state['step']} loss {loss.item():.3f} lr {lr_at(cfg, state['step']):.2e} "
+            log(f"step {state['step']} loss {loss.item():.3f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"{window_tokens / (now - window_start):.0f} tok/s wall {state['wall_seconds'] / 60:.1f} min")
             window_tokens, window_start = 0, now
         if state["step"] % cfg.eval_every == 0:
-            held_loss = heldout_loss(model, held, mask_id, cfg.seq_len)
+            held_loss = heldout_loss(model, held, mask_id)
             state["history"].append({"step": state["step"], "train_loss": loss.item(), "heldout_loss": held_loss})
             log(f"step {state['step']} held-out loss {held_loss:.3f}")
         out_of_time = cfg.max_minutes is not None and now - run_start > cfg.max_minutes * 60
         if now - last_save > cfg.save_every_minutes * 60 or out_of_time:
-            save(cfg, model, opt, gen, state, tok, ids)
+            save(cfg, model, opt, source, state, tok, ids)
             last_save = now
         if out_of_time:
             break
-    state["final_heldout_loss"] = heldout_loss(model, held, mask_id, cfg.seq_len)
+    state["final_heldout_loss"] = heldout_loss(model, held, mask_id)
     state["final_train_loss"] = loss.item() if state["step"] else None
-    save(cfg, model, opt, gen, state, tok, ids)
+    save(cfg, model, opt, source, state, tok, ids)
     log(f"saved at step {state['step']}, held-out loss {state['final_heldout_loss']:.3f}")
     return state
 
 
-def save(cfg: TrainConfig, model, opt, gen, state, tok, ids) -> None:
+def save(cfg: TrainConfig, model, opt, source, state, tok, ids) -> None:
     tmp = cfg.state_dir / "state.pt.tmp"
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": source.get_state(),
                 "state": state}, tmp)
     tmp.replace(cfg.state_dir / "state.pt")
     export(cfg, model, state, tok, ids)
@@ -207,11 +206,11 @@ def export(cfg: TrainConfig, model: LLaDAModelLM, state: dict, tok, ids: dict[st
     config.pop("dtype", None)
     config["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tokenizer.save_llada_tokenizer(tok, out)
+    tokenizer.save_llada_tokenizer(tok, out, tokenizer.LLADA_CHAT_TEMPLATE if cfg.recipe == "tiny-llada" else None)
     gen_config = {"bos_token_id": ids[tokenizer.BOS], "eos_token_id": ids[tokenizer.EOS],
                   "pad_token_id": ids[tokenizer.EOS], "mask_token_id": ids[tokenizer.MASK],
                   # fastdllm's model-defaults layer: the model was trained on rows of seq_len tokens
-                  "fastdllm": {"gen_len": cfg.seq_len // 2}}
+                  "fastdllm": {"gen_len": cfg.gen_len or cfg.seq_len // 2}}
     (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
     record = {k: v for k, v in state.items()}
     record["train_config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}

@@ -1,0 +1,172 @@
+"""The built-in tiny-llada model's training rows: generated word problems and function tasks (raw
+and in the chat template), classic functions, and real Python source (stdlib windows for plain
+continuation, stdlib functions signature -> body). Drawn fresh at every step from a seeded
+`random.Random` (its state is part of the resumable training state), so no row is seen twice.
+
+A row is prompt + answer + end-of-text padding to the row length, as LLaDA's SFT pads answers:
+the answer ends where the task needs, which is what lets decoding stop early. Chat answers end
+with <|eot_id|> first, as the chat template's turns do.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from . import data, function_tasks, tokenizer, word_problems
+
+# Share of each kind of row (sums to 1).
+WEIGHTS = {"gsm_raw": 0.25, "gsm_chat": 0.20, "code_raw": 0.28, "code_chat": 0.07,
+           "stdlib_window": 0.10, "stdlib_function": 0.10}
+
+
+def gsm_prompt(question: str) -> str:
+    """The raw prompt of a word problem (the `tiny-gsm` task's, lm-eval gsm8k's zero-shot form)."""
+    return f"Question: {question}\nAnswer:"
+
+
+def chat_prompt(user: str) -> str:
+    """LLaDA's chat template for one user turn (tokenizer.LLADA_CHAT_TEMPLATE rendered)."""
+    return (f"{tokenizer.BOS}{tokenizer.HEADER_START}user{tokenizer.HEADER_END}\n\n{user.strip()}{tokenizer.EOT}"
+            f"{tokenizer.HEADER_START}assistant{tokenizer.HEADER_END}\n\n")
+
+
+def texts(rng: random.Random, kind: str, stdlib_functions: list[tuple[str, str]]) -> tuple[str, str]:
+    """(prompt, answer) of one row of `kind` (training split only); the answer's stop is added by
+    the caller. stdlib_window rows are drawn from the token stream instead."""
+    if kind == "gsm_raw":
+        p = word_problems.generate(rng, "train")
+        return gsm_prompt(p["question"]), " " + p["answer"]
+    if kind == "gsm_chat":
+        p = word_problems.generate(rng, "train")
+        return chat_prompt(p["question"]), p["answer"]
+    if kind == "code_raw":
+        t = function_tasks.generate(rng, "train")
+        return t["prompt"], t["canonical_solution"]
+    if kind == "code_chat":
+        t = function_tasks.generate(rng, "train")
+        return chat_prompt(t["prompt"]), t["prompt"] + t["canonical_solution"]
+    if kind == "stdlib_function":
+        return rng.choice(stdlib_functions)
+    raise ValueError(kind)
+
+
+@dataclass
+class Mixture:
+    """Batches of rows of one length per batch (most short, some long so that long canvases are seen)."""
+    tok: object                                     # tokenizers.Tokenizer
+    stream: torch.Tensor                            # stdlib training source, documents joined by EOS
+    stdlib_functions: list[tuple[str, str]]
+    ids: dict[str, int]
+    row_lengths: tuple[tuple[int, float], ...] = ((128, 0.55), (192, 0.37), (512, 0.08))
+
+    def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens (B, L), prompt_len (B,)); prompt_len 0 for stdlib windows (every token may be masked)."""
+        L = rng.choices([n for n, _ in self.row_lengths], [w for _, w in self.row_lengths])[0]
+        kinds = rng.choices(list(WEIGHTS), list(WEIGHTS.values()), k=size)
+        rows, prompts = [], []
+        for kind in kinds:
+            if kind == "stdlib_window":
+                start = rng.randrange(len(self.stream) - L)
+                rows.append(self.stream[start:start + L])
+                prompts.append(0)
+                continue
+            for attempt in range(100):          # short rows take the shorter draws; longer rows all of them
+                prompt, answer = texts(rng, kind, self.stdlib_functions)
+                p, a = self.encode(prompt), self.encode(answer)
+                a += [self.ids[tokenizer.EOT]] if kind.endswith("_chat") else []
+                if len(p) + len(a) < L and len(p) <= L // 2:
+                    break
+                if attempt > 20:
+                    kind = "gsm_raw"
+            rows.append(torch.tensor(p + a + [self.ids[tokenizer.EOS]] * (L - len(p) - len(a))))
+            prompts.append(len(p))
+        return torch.stack(rows), torch.tensor(prompts)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+
+def block_mask_batch(tokens: torch.Tensor, prompt_len: torch.Tensor, mask_id: int, rng: random.Random,
+                     block_share: float, block: int = 32, eps: float = 1e-3):
+    """Masks for one batch, returning (noisy, masked (B, L), weight (B, L)) where weight is 1/p for a
+    position masked with probability p. A row is masked either as LLaDA trains (t ~ U(eps, 1], each
+    answer token with probability t) or, with probability `block_share` for rows with a prompt, in
+    the state block-wise decoding meets: the answer's blocks before block j clean, block j masked
+    with probability t, everything after it masked."""
+    B, L = tokens.shape
+    pos = torch.arange(L)
+    prob = torch.zeros(B, L)
+    for r in range(B):
+        start, t = int(prompt_len[r]), eps + (1 - eps) * rng.random()
+        if start and rng.random() < block_share:
+            j = rng.randrange(max(1, (L - start) // block))
+            lo = start + j * block
+            prob[r] = torch.where(pos < lo, 0.0, torch.where(pos < lo + block, t, 1.0))
+        else:
+            prob[r] = torch.where(pos >= start, t, 0.0)
+    gen = torch.Generator().manual_seed(rng.getrandbits(62))
+    masked = (torch.rand(B, L, generator=gen) < prob) & (prob > 0)
+    weight = torch.where(masked, 1.0 / prob.clamp_min(eps), 0.0)
+    return torch.where(masked, mask_id, tokens), masked, weight
+
+
+def tokenizer_texts(rng: random.Random, stdlib_texts: list[str], n_generated: int = 20000):
+    """What the BPE is trained on: the stdlib training files and generated training rows."""
+    yield from stdlib_texts
+    for _ in range(n_generated):
+        p = word_problems.generate(rng, "train")
+        t = function_tasks.generate(rng, "train")
+        yield p["question"] + "\n" + p["answer"] + "\n\n" + t["prompt"] + t["canonical_solution"]
+
+
+def held_out_rows(tok, ids: dict[str, int], L: int = 192, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed held-out rows for the training log's loss: tiny-gsm and tiny-code test items."""
+    rows, prompts = [], []
+    items = [(gsm_prompt(p["question"]), " " + p["answer"]) for p in word_problems.held_out_set(n // 2)]
+    items += [(t["prompt"], t["canonical_solution"]) for t in function_tasks.held_out_set(n - n // 2)]
+    for prompt, answer in items:
+        p, a = tok.encode(prompt).ids, tok.encode(answer).ids
+        p, a = p[: L // 2], a[: L - min(len(p), L // 2) - 1]
+        rows.append(torch.tensor(p + a + [ids[tokenizer.EOS]] * (L - len(p) - len(a))))
+        prompts.append(len(p))
+    return torch.stack(rows), torch.tensor(prompts)
+
+
+
+class MixtureSource:
+    """tiny-llada's rows and masks, drawn from one random.Random (train.py's data source)."""
+
+    def __init__(self, cfg, tok, ids: dict[str, int], texts: list[str]):
+        stream = []
+        for enc in tok.encode_batch(texts):
+            stream.extend(enc.ids + [ids[tokenizer.EOS]])
+        functions = [f for text in texts for f in data.functions(text)]
+        lengths = tuple((int(n), float(w)) for n, w in (part.split(":") for part in cfg.row_lengths.split(",")))
+        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, lengths)
+        self.cfg, self.tok, self.ids, self.rng = cfg, tok, ids, random.Random(cfg.seed)
+
+    def describe(self) -> str:
+        return (f"generated rows {WEIGHTS}, {len(self.mixture.stream):,} stdlib tokens, "
+                f"{len(self.mixture.stdlib_functions):,} stdlib functions")
+
+    def batch(self, size: int):
+        return self.mixture.batch(size, self.rng)
+
+    def mask(self, tokens, prompt, mask_id: int):
+        noisy, _, weight = block_mask_batch(tokens, prompt, mask_id, self.rng, self.cfg.block_share)
+        return noisy, weight
+
+    def held_out(self, held_stream: torch.Tensor):
+        return held_out_rows(self.tok, self.ids, self.cfg.seq_len)
+
+    def get_state(self):
+        return self.rng.getstate()
+
+    def set_state(self, state) -> None:
+        self.rng.setstate(state)
+
+    def reseed(self, seed: int) -> None:
+        self.rng.seed(seed)

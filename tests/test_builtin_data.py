@@ -1,0 +1,125 @@
+"""The built-in tiny-llada model's data: generated problems and function tasks are correct, and the
+held-out splits (the tiny-gsm / tiny-code tasks) share nothing with training but the skills: no
+held-out number band, person, object, phrasing or function combination appears in training rows."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from fastdllm.training import function_tasks, mixture, tokenizer, word_problems
+
+TRAIN_DRAWS = 3000
+
+
+def _numbers(text: str) -> set[int]:
+    return {int(n) for n in re.findall(r"\d+", text)}
+
+
+def test_worked_steps_are_right_and_end_in_the_target():
+    rng = random.Random(0)
+    problems = [word_problems.generate(rng, split) for split in ("train", "heldout") for _ in range(1500)]
+    for p in problems:
+        for a, op, b, c in re.findall(r"(\d+) ([-+*/]) (\d+) = \$?(\d+)", p["answer"]):
+            a, b, c = int(a), int(b), int(c)
+            assert {"+": a + b, "-": a - b, "*": a * b, "/": a // b if a % b == 0 else None}[op] == c, p
+        assert p["answer"].endswith(f"#### {p['target']}") and int(p["target"]) >= 0
+
+
+def test_held_out_problems_share_no_numbers_names_objects_or_phrasings_with_training():
+    rng = random.Random(1)
+    train = [word_problems.generate(rng, "train") for _ in range(TRAIN_DRAWS)]
+    held = word_problems.held_out_set(200)
+    band = set(word_problems.HELD_BAND)
+    assert not any(_numbers(p["question"]) & band for p in train)
+    assert all(_numbers(p["question"]) & band for p in held)
+    train_words = {w for p in train for w in re.findall(r"[A-Za-z]+", p["question"] + p["answer"])}
+    for key in ("NAMES", "ITEMS", "CONTAINERS"):
+        assert not set(getattr(word_problems, key)["heldout"]) & train_words, key
+    held_only_kinds = {"fewer_than", "pages_left", "shared_bill"}
+    assert not held_only_kinds & {p["kind"] for p in train}
+    assert held_only_kinds <= {p["kind"] for p in held}
+    assert not any("What is the number of" in p["question"] or "arrive for" in p["question"] for p in train)
+    assert word_problems.held_out_set(200) == held                 # the same set every time
+
+
+def test_function_tasks_pass_their_own_tests_and_held_out_combinations_are_unseen():
+    rng = random.Random(2)
+    train = [function_tasks.generate(rng, "train") for _ in range(TRAIN_DRAWS)]
+    held = function_tasks.held_out_set(164)
+    for task in held + train[:200]:
+        scope: dict = {}
+        exec(task["prompt"] + task["canonical_solution"] + task["test"], scope)
+        scope["check"](scope[task["entry_point"]])
+        assert task["prompt"].startswith(f"def {task['entry_point']}(")
+        assert '"""' in task["prompt"] or task["kind"].startswith("classic:")   # classics: also bare signatures
+    assert not {t["kind"] for t in train} & {t["kind"] for t in held}
+    assert not any("Compute and return" in t["prompt"] for t in train)
+    held_params = set(function_tasks.LIST_PARAMS["heldout"] + function_tasks.STRING_PARAMS["heldout"])
+    assert not any(re.search(rf"\(({'|'.join(held_params)})\)", t["prompt"]) for t in train)
+    parts = {part for t in held for part in t["kind"].split(":")[1:]}
+    trained = {part for t in train for part in t["kind"].split(":")[1:]}
+    assert parts <= trained                                         # every held-out part is trained
+
+
+def _char_tokenizer() -> tuple[Tokenizer, dict[str, int]]:
+    """A tiny BPE with the LLaDA specials (no merges: enough to check row layout)."""
+    texts = [word_problems.generate(random.Random(i), "train")["question"] for i in range(50)]
+    tok = tokenizer.train_bpe(texts + ["def f(x):\n    return x\n"], vocab_size=300, split_digits=True)
+    return tok, {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
+
+
+def test_rows_pad_answers_with_end_of_text_and_chat_answers_end_their_turn():
+    tok, ids = _char_tokenizer()
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [("def f(x):\n", "    return x\n")], ids,
+                          row_lengths=((192, 1.0),))
+    rng = random.Random(3)
+    tokens, prompt = mix.batch(64, rng)
+    assert tokens.shape == (64, 192)
+    for row, p in zip(tokens.tolist(), prompt.tolist()):
+        if p == 0:                                                 # a stdlib window
+            continue
+        text = tok.decode(row[:p], skip_special_tokens=False)
+        end = row.index(ids[tokenizer.EOS], p)
+        assert set(row[end:]) == {ids[tokenizer.EOS]}              # padding to the row end
+        if text.startswith(tokenizer.BOS):                         # chat: the turn ends before the padding
+            assert row[end - 1] == ids[tokenizer.EOT] and text.endswith("assistant<|end_header_id|>\n\n")
+    assert len({tuple(r) for r in tokens.tolist()}) > 40           # fresh draws (the one stdlib function repeats)
+
+
+def test_digits_are_single_tokens():
+    tok, _ = _char_tokenizer()
+    pieces = tok.encode("She has 1234 apples").tokens
+    assert [p for p in pieces if p.strip("Ġ").isdigit()] == ["1", "2", "3", "4"]
+
+
+def test_block_masks_are_the_states_block_decoding_meets():
+    tokens = torch.arange(100, 100 + 4 * 160).reshape(4, 160)
+    prompt = torch.tensor([16, 16, 16, 0])
+    rng = random.Random(4)
+    for _ in range(20):
+        noisy, masked, weight = mixture.block_mask_batch(tokens, prompt, 2, rng, block_share=1.0, block=32)
+        for r in range(3):
+            m = masked[r].tolist()
+            assert not any(m[:16])                                 # the prompt is never masked
+            first = m.index(True) if any(m) else 160
+            lo = 16 + (first - 16) // 32 * 32                      # the block holding the first mask
+            assert all(m[lo + 32:])                                # everything after that block is masked
+            assert (weight[r][lo + 32:] == 1).all()
+        assert (noisy[masked] == 2).all() and (weight[~masked] == 0).all()
+        assert masked[3].any()                                     # no prompt: masked as LLaDA trains
+
+
+def test_uniform_masks_weigh_each_masked_token_by_one_over_t():
+    tokens = torch.arange(100, 164).reshape(1, 64)
+    noisy, masked, weight = mixture.block_mask_batch(tokens, torch.tensor([8]), 2, random.Random(5), block_share=0.0)
+    w = weight[masked]
+    assert not masked[0, :8].any() and torch.allclose(w, w[0].expand_as(w)) and w[0] >= 1
+
+
+def test_the_tokenizer_model_is_byte_level_bpe():
+    tok, _ = _char_tokenizer()
+    assert isinstance(tok.model, models.BPE) and isinstance(tok.pre_tokenizer, pre_tokenizers.Sequence)
