@@ -43,17 +43,20 @@ class Options:
 
 
 def task_manager(include_paths: list[Path], tasks: list[str]):
-    """lm-eval's TaskManager over its own tasks and `include_paths`; unknown task names are a usage
-    error (said before the model is loaded)."""
+    """lm-eval's TaskManager over its own tasks, fastdllm's built-in tasks (builtin_tasks/: tiny-gsm,
+    tiny-code, ...) and `include_paths` (which may override a built-in task of the same name);
+    unknown task names are a usage error (said before the model is loaded)."""
+    from .builtin_tasks import FOLDER
+
     quiet()
     for path in include_paths:
         if not path.is_dir():
             raise UsageError(f"--include-path {path}: not a directory")
-    paths = tuple(str(p) for p in include_paths)
-    if paths:       # only local tasks asked for: index the include paths alone (ms, not lm-eval's ~10-20 s)
-        local = _indexed(paths, defaults=False)
-        if all(_is_plain_task(local, t) for t in tasks):
-            return local
+    paths = (str(FOLDER), *(str(p) for p in include_paths))
+    # Only local tasks asked for (built-in or included): index the local folders alone (ms, not lm-eval's ~10-20 s).
+    local = _indexed(paths, defaults=False)
+    if all(_is_plain_task(local, t) for t in tasks):
+        return local
     manager = _indexed(paths, defaults=True)
     known = set(manager.all_tasks)
     unknown = [t for t in tasks if t not in known and not t.endswith(".yaml")]
