@@ -10,7 +10,7 @@ import re
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from fastdllm.training import function_tasks, mixture, tokenizer, word_problems
+from fastdllm.training import certainty, function_tasks, mixture, tokenizer, word_problems
 
 TRAIN_DRAWS = 3000
 
@@ -123,3 +123,31 @@ def test_uniform_masks_weigh_each_masked_token_by_one_over_t():
 def test_the_tokenizer_model_is_byte_level_bpe():
     tok, _ = _char_tokenizer()
     assert isinstance(tok.model, models.BPE) and isinstance(tok.pre_tokenizer, pre_tokenizers.Sequence)
+
+
+def test_certainty_masks_pair_each_block_with_its_complement():
+    prompt, L = torch.tensor([10, 10, 40]), 138
+    blocks_seen = set()
+    for seed in range(30):
+        masked, complement = certainty.semi_ar_masks(prompt, L, random.Random(seed), block=32)
+        for r, start in enumerate(prompt.tolist()):
+            m, c = masked[r], complement[r]
+            lo = int((m | c).nonzero()[0])                            # the block being decoded
+            hi = min(lo + 32, L)
+            blocks_seen.add((start, (lo - start) // 32))
+            assert lo >= start and (lo - start) % 32 == 0
+            assert not (m[:lo].any() or c[:lo].any())                 # prompt and earlier blocks clean
+            assert (m[lo:hi] ^ c[lo:hi]).all()                        # the block: each position in one of the two
+            assert (m[hi:] & c[hi:]).all()                            # after it: masked in both
+    assert {b for s, b in blocks_seen if s == 10} == {0, 1, 2, 3}     # every block of the answer, the short last one too
+
+
+def test_certainty_loss_is_cross_entropy_plus_entropy_where_already_right():
+    tokens = torch.tensor([[1, 2, 3]])
+    masked = torch.tensor([[False, True, True]])
+    logits = torch.tensor([[[0.0, 5.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0], [0.0, 3.0, 0.0, 1.0]]])
+    ce = torch.nn.functional.cross_entropy(logits[masked], tokens[masked])
+    assert torch.isclose(certainty.certainty_loss(logits, tokens, masked, 0.0, 0.5), ce)
+    p = torch.softmax(logits[0, 1] / 0.5, -1)                        # position 1 is right (argmax 2), 2 is wrong
+    entropy = -(p * p.log()).sum()
+    assert torch.isclose(certainty.certainty_loss(logits, tokens, masked, 2.0, 0.5), ce + 2 * entropy)

@@ -116,6 +116,13 @@ def weighted_loss(logits: torch.Tensor, tokens: torch.Tensor, weight: torch.Tens
     return ((ce * weight).sum(1) / (tokens.shape[1] - prompt_len).clamp_min(1)).mean()
 
 
+def forward_loss(model, noisy: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor, prompt_len: torch.Tensor):
+    """One bf16-autocast forward of the masked rows and its weighted_loss."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(noisy).logits
+    return weighted_loss(logits, tokens, weight, prompt_len)
+
+
 class StdlibSource:
     """tiny-code's rows (Examples) and masks, drawn from one torch.Generator."""
 
@@ -141,9 +148,9 @@ class StdlibSource:
     def batch(self, size: int):
         return self.examples.batch(size, self.gen)
 
-    def mask(self, tokens, prompt, mask_id: int):
+    def loss(self, model, tokens, prompt, mask_id: int):
         noisy, masked, t = mask_batch(tokens, prompt, mask_id, self.gen)
-        return noisy, masked / t[:, None]
+        return forward_loss(model, noisy, tokens, masked / t[:, None], prompt)
 
     def held_out(self, held_stream: torch.Tensor, rows: int = 32):
         """Fixed windows of the held-out modules."""

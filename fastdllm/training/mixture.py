@@ -11,7 +11,7 @@ with <|eot_id|> first, as the chat template's turns do.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -61,11 +61,12 @@ class Mixture:
     stdlib_functions: list[tuple[str, str]]
     ids: dict[str, int]
     row_lengths: tuple[tuple[int, float], ...] = ((128, 0.55), (192, 0.37), (512, 0.08))
+    weights: dict[str, float] = field(default_factory=lambda: dict(WEIGHTS))
 
     def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens (B, L), prompt_len (B,)); prompt_len 0 for stdlib windows (every token may be masked)."""
         L = rng.choices([n for n, _ in self.row_lengths], [w for _, w in self.row_lengths])[0]
-        kinds = rng.choices(list(WEIGHTS), list(WEIGHTS.values()), k=size)
+        kinds = rng.choices(list(self.weights), list(self.weights.values()), k=size)
         rows, prompts = [], []
         for kind in kinds:
             if kind == "stdlib_window":
@@ -155,9 +156,9 @@ class MixtureSource:
     def batch(self, size: int):
         return self.mixture.batch(size, self.rng)
 
-    def mask(self, tokens, prompt, mask_id: int):
+    def loss(self, model, tokens, prompt, mask_id: int):
         noisy, _, weight = block_mask_batch(tokens, prompt, mask_id, self.rng, self.cfg.block_share)
-        return noisy, weight
+        return data.forward_loss(model, noisy, tokens, weight, prompt)
 
     def held_out(self, held_stream: torch.Tensor):
         return held_out_rows(self.tok, self.ids, self.cfg.seq_len)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import signal
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..models import LLaDAConfig, LLaDAModelLM
-from . import data, mixture, tokenizer
+from . import certainty, data, mixture, tokenizer
 
 
 @dataclass
@@ -27,7 +28,11 @@ class TrainConfig:
     out: Path                      # exported checkpoint directory (LLaDA format)
     state_dir: Path                # resumable training state
     corpus_root: Path | None = None  # default: this interpreter's stdlib
-    recipe: str = "stdlib"           # "stdlib" (tiny-code: Python source) or "tiny-llada" (mixture.py)
+    recipe: str = "stdlib"           # "stdlib" (tiny-code: Python source), "tiny-llada" (mixture.py) or
+                                     # "certainty" (certainty.py: the distillation stage on trajectories)
+    init_from: str | None = None     # an exported checkpoint to start from (weights and tokenizer)
+    entropy_weight: float = 2.0      # certainty: dParallel's settings
+    entropy_temperature: float = 0.5
     block_share: float = 0.5         # tiny-llada: rows masked as block-wise decoding meets them
     row_lengths: str = "128:0.55,192:0.37,512:0.08"   # tiny-llada: row length:share of batches
     decay_minutes: float | None = None   # constant lr, then linear decay over a run's last minutes
@@ -59,6 +64,9 @@ def prepare(cfg: TrainConfig, log=print):
     train_files, held_files = data.corpus_files(cfg.corpus_root)
     texts = [data.read(p) for p in train_files]
     tok_dir = cfg.state_dir / "tokenizer"
+    if cfg.init_from and not (tok_dir / "tokenizer.json").is_file():
+        tok_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(cfg.init_from) / "tokenizer.json", tok_dir / "tokenizer.json")
     if (tok_dir / "tokenizer.json").is_file():
         tok = tokenizer.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     else:
@@ -66,7 +74,8 @@ def prepare(cfg: TrainConfig, log=print):
         tok = tokenizer.train_bpe(corpus, cfg.vocab_size, split_digits=cfg.recipe == "tiny-llada")
         tokenizer.save_llada_tokenizer(tok, tok_dir)
     ids = {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
-    source = (mixture.MixtureSource if cfg.recipe == "tiny-llada" else data.StdlibSource)(cfg, tok, ids, texts)
+    sources = {"stdlib": data.StdlibSource, "tiny-llada": mixture.MixtureSource, "certainty": certainty.CertaintySource}
+    source = sources[cfg.recipe](cfg, tok, ids, texts)
     held_stream = []
     for enc in tok.encode_batch([data.read(p) for p in held_files]):
         held_stream.extend(enc.ids + [ids[tokenizer.EOS]])
@@ -131,12 +140,13 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         source.set_state(saved["generator"])
         state = saved["state"]
         log(f"resumed from {state_file} at step {state['step']}")
-    elif resume and (cfg.out / "trainer_state.json").is_file():   # weights-only restart from the export
-        exported = LLaDAModelLM.from_pretrained(cfg.out, dtype=torch.float32)
+    elif (resume and (cfg.out / "trainer_state.json").is_file()) or cfg.init_from:   # weights only, from an export
+        start = Path(cfg.init_from) if cfg.init_from and not resume else cfg.out
+        exported = LLaDAModelLM.from_pretrained(start, dtype=torch.float32)
         model.load_state_dict(exported.state_dict())
-        state = json.loads((cfg.out / "trainer_state.json").read_text())
+        state = json.loads((start / "trainer_state.json").read_text())
         source.reseed(cfg.seed + state["step"])
-        log(f"resumed weights (optimiser reset) from {cfg.out} at step {state['step']}")
+        log(f"weights (optimiser reset) from {start} at step {state['step']}")
     state["runs"] += 1
     state.setdefault("commands", []).append(" ".join(sys.argv[1:]) or "(train() called from Python)")
 
@@ -153,10 +163,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, state["step"], first_step, minutes_left())
         tokens, prompt = source.batch(cfg.batch_size)
-        noisy, weight = source.mask(tokens, prompt, mask_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(noisy).logits
-        loss = data.weighted_loss(logits, tokens, weight, prompt)
+        loss = source.loss(model, tokens, prompt, mask_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -206,7 +213,7 @@ def export(cfg: TrainConfig, model: LLaDAModelLM, state: dict, tok, ids: dict[st
     config.pop("dtype", None)
     config["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tokenizer.save_llada_tokenizer(tok, out, tokenizer.LLADA_CHAT_TEMPLATE if cfg.recipe == "tiny-llada" else None)
+    tokenizer.save_llada_tokenizer(tok, out, tokenizer.LLADA_CHAT_TEMPLATE if cfg.recipe != "stdlib" else None)
     gen_config = {"bos_token_id": ids[tokenizer.BOS], "eos_token_id": ids[tokenizer.EOS],
                   "pad_token_id": ids[tokenizer.EOS], "mask_token_id": ids[tokenizer.MASK],
                   # fastdllm's model-defaults layer: the model was trained on rows of seq_len tokens
