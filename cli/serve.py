@@ -38,6 +38,7 @@ def serve(
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Most requests waiting for the batch; more are refused (429).")] = 64,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="FASTDLLM_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without an API key.")] = False,
+    shutdown_timeout: Annotated[float, typer.Option("--shutdown-timeout", min=0, help="On SIGTERM or Ctrl+C, seconds the running and queued requests may take to finish; then each running one is answered with what it has (finish_reason 'abort'), each queued one with 503.")] = 5.0,
     *, opts: RunOptions,
 ):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -49,17 +50,19 @@ def serve(
                          "or pass --insecure")
     sock = listen(host, port)                      # before loading: a busy port fails in a second
     try:
-        run(sock, host, opts, max_batch=max_batch, max_queue=max_queue, api_key=api_key)
+        run(sock, host, opts, max_batch=max_batch, max_queue=max_queue, api_key=api_key,
+            shutdown_timeout=shutdown_timeout)
     finally:
         sock.close()
 
 
 def run(sock: socket.socket, host: str, opts: RunOptions, *, max_batch: int, max_queue: int,
-        api_key: str | None) -> None:
+        api_key: str | None, shutdown_timeout: float = 5.0) -> None:
     try:
         import uvicorn
 
         from fastdllm.serve.app import create_app
+        from fastdllm.serve.shutdown import GracefulServer
     except ImportError as e:
         raise UserError(f"fastdllm serve needs {e.name}: pip install 'fastdllm[serve]'") from None
     from fastdllm.serve.metrics import Metrics
@@ -73,14 +76,15 @@ def run(sock: socket.socket, host: str, opts: RunOptions, *, max_batch: int, max
     try:
         app = create_app(lm, scheduler, base_cfg=cfg, profile_name=profile.name, api_key=api_key, metrics=metrics,
                          cli_flags={k: v for k, v in opts.decode.items() if v is not None}, name=served_name(opts.model))
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level="warning",
-                                               access_log=False))
+        server = GracefulServer(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level="warning",
+                                               access_log=False), scheduler, shutdown_timeout)
         shown = f"[{host}]" if ":" in host else host
         sys.stderr.write(f"fastdllm serve: http://{shown}:{sock.getsockname()[1]}/v1 "
                          f"(model {lm.path.name}, profile {profile.name})\n")
         sys.stderr.flush()
         with signals_handled_by_uvicorn():
             server.run(sockets=[sock])
+        sys.stderr.write("fastdllm serve: stopped\n")
     finally:
         # uvicorn waited for the running requests; after a second Ctrl+C (force exit) nobody waits
         scheduler.shutdown(timeout=0 if server is not None and server.force_exit else None)

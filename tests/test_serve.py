@@ -253,7 +253,8 @@ def test_api_key_is_required_except_for_health(llada_server, llada_dir):
 # ---------------------------------------------------------------- process
 
 def test_sigterm_lets_the_running_request_finish_and_exits_0(llada_dir):
-    server = ServerProcess("-m", llada_dir, "--dtype", "fp64", "--cache", "none", "--rule", "fixed")
+    server = ServerProcess("-m", llada_dir, "--dtype", "fp64", "--cache", "none", "--rule", "fixed",
+                           "--shutdown-timeout", "120")     # abort after the wait: test_serve_shutdown.py
     try:
         body = {"model": llada_dir.name, "messages": [{"role": "user", "content": "Hello there"}],
                 "max_tokens": 64, "stream": True, "fastdllm": {"early_stop": False}}

@@ -64,5 +64,5 @@ def constraint_of(response_format: Any, extension: dict | None, server, stop: tu
         return Compiled(spec, server.lm.tokenizer)
     except ConstraintError as e:
         raise ApiError(400, f"{param}: {e}", param=param) from None
-    except UserError as e:                     # llguidance missing: the server's setup, not the request
-        raise ApiError(501, str(e), param=param, kind="server_error") from None
+    except UserError as e:                     # llguidance missing: a 400 (a 5xx would be retried) naming it
+        raise ApiError(400, f"{param}: {e}", param=param, code="structured_output_unavailable") from None

@@ -26,6 +26,7 @@ class Finished:
     text: str                   # the whole answer (cut at the end token or the first stop string)
     ids: list[int]              # its token ids (before a stop string's cut: up to the end token)
     finish_reason: str          # "stop" (end token or stop string) | "length" (the canvas was used up)
+                                # | "abort" (the server stopped first: the finished blocks)
     prompt_tokens: int
     completion_tokens: int      # len(ids)
     nfe: int                    # forwards that decided positions of this answer (what it costs alone)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,30 +35,34 @@ def add_routes(app: FastAPI, server, start, follow, *, about: dict) -> None:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise ApiError(400, "messages: a list of {role, content} is required", param="messages")
-        refuse_unsupported(body, ("tools", "format"))
+        refuse_unsupported(body, ("tools",))
         if any(isinstance(m, dict) and m.get("images") for m in messages):
             raise ApiError(400, "messages.images: fastdllm serves text models", param="messages")
         openai = {"messages": [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
-                               for m in messages], **common(body, server)}
-        return await answer(request, prepare_chat(openai, server), body, chat=True)
+                               for m in messages], **common(body, server), "response_format": response_format(body)}
+        with format_named():
+            prepared = prepare_chat(openai, server)
+        return await answer(request, prepared, body, chat=True)
 
     @app.post("/api/generate")
     async def generate(request: Request):
         body = await read_body(request)
-        refuse_unsupported(body, ("images", "format", "context", "template"))
+        refuse_unsupported(body, ("images", "context", "template"))
         prompt = body.get("prompt") or ""
         if not isinstance(prompt, str):
             raise ApiError(400, "prompt: must be a string", param="prompt")
         if not prompt and not body.get("suffix"):             # ollama: an empty prompt loads the model
             return JSONResponse(final_fields(server.model_name, {"response": "", "done": True, "done_reason": "load"}))
-        system = body.get("system")
-        if body.get("raw") or body.get("suffix") is not None or not server.lm.has_chat_template:
-            text = f"{system}\n\n{prompt}" if system else prompt
-            openai = {"prompt": text, "suffix": body.get("suffix"), **common(body, server)}
-            prepared = prepare_completion(openai, server)
-        else:                                                 # ollama applies the model's template
-            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            prepared = prepare_chat({"messages": messages, **common(body, server)}, server)
+        system, structured = body.get("system"), response_format(body)
+        with format_named():
+            if body.get("raw") or body.get("suffix") is not None or not server.lm.has_chat_template:
+                text = f"{system}\n\n{prompt}" if system else prompt
+                openai = {"prompt": text, "suffix": body.get("suffix"), **common(body, server)}
+                prepared = prepare_completion(openai, server, response_format=structured)
+            else:                                             # ollama applies the model's template
+                messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+                prepared = prepare_chat({"messages": messages, **common(body, server), "response_format": structured},
+                                        server)
         return await answer(request, prepared, body, chat=False)
 
     async def answer(request: Request, prepared, body: dict, *, chat: bool):
@@ -150,6 +155,32 @@ def common(body: dict, server) -> dict:
         if value is not None and not no_limit:
             openai[field] = value                   # validated as the OpenAI field (a wrong type: 400)
     return openai
+
+
+def response_format(body: dict) -> dict | None:
+    """ollama's `format` as OpenAI's response_format: "json" is any JSON object, an object is a JSON
+    Schema; both constrain the answer (ollama does the same with a grammar)."""
+    wanted = body.get("format")
+    if wanted in (None, ""):
+        return None
+    if wanted == "json":
+        return {"type": "json_object"}
+    if isinstance(wanted, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": wanted}}
+    raise ApiError(400, 'format: expected "json" or a JSON Schema object', param="format")
+
+
+@contextmanager
+def format_named():
+    """A refusal of the response_format made from `format` names `format`, the field that was sent."""
+    def named(text: str | None) -> str | None:
+        return text and text.replace("response_format.json_schema.schema", "format").replace("response_format", "format")
+
+    try:
+        yield
+    except ApiError as e:
+        e.message, e.param = named(e.message), named(e.param)
+        raise
 
 
 def refuse_unsupported(body: dict, names: tuple[str, ...]) -> None:

@@ -76,7 +76,8 @@ def chat_limit(req: ChatRequest) -> int | None:
     return req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
 
 
-def prepare_completion(body: Any, server: Server) -> Prepared:
+def prepare_completion(body: Any, server: Server, response_format: Any = None) -> Prepared:
+    """`response_format`: structured output, which OpenAI's completions do not take (ollama's format)."""
     req = validated(CompletionRequest, body)
     suffix = infill_suffix(req.suffix, server)
     prompt = req.prompt
@@ -93,7 +94,7 @@ def prepare_completion(body: Any, server: Server) -> Prepared:
     if suffix is not None and not ids and server.lm.model.logit_shift:
         raise ApiError(400, f"prompt: empty, but {server.model_name} predicts each token from the one before it: "
                             f"infilling needs some text before the hole", param="prompt")
-    return prepare(req, server, ids, req.max_tokens, "prompt", suffix=suffix)
+    return prepare(req, server, ids, req.max_tokens, "prompt", suffix=suffix, response_format=response_format)
 
 
 def infill_suffix(suffix: Any, server: Server) -> list[int] | None:

@@ -149,15 +149,8 @@ class Row:
         if cancelled:
             self.finished = True             # the client is gone: nothing more is delivered
             return
-        stops = torch.tensor(self.decoder.specials.stops)
-        window = torch.tensor(self.decided[:self.job.cfg.gen_len], dtype=torch.long)
-        ids = answer_ids(window, stops, self.decoder.specials.mask)
-        ended = len(ids) < len(window)                                # an end token stands in it
-        text = self.decoder.detokenize(ids)
-        cut = _first_stop(text, self.job.stop)
+        text, ids, ended, cut = self._answer()
         done = (ended and self.job.cfg.early_stop) or cut is not None or len(self.decided) >= self.region
-        if cut is not None:
-            text, ids = text[:cut], _ids_for(text[:cut], ids, self.decoder.detokenize)
         self._send(text, final=done)
         if done:
             self.finished = True
@@ -165,6 +158,25 @@ class Row:
             if self.job.constraint is not None:        # a constrained answer is complete only as a sentence
                 complete = self.job.constraint.accepts(ids)
             self._finish(text, ids, "stop" if complete else "length", metrics)
+
+    def abort(self, metrics=None) -> None:
+        """The server stops before this answer is whole: the answer is what its finished blocks hold."""
+        self.finished = True
+        text, ids, _, _ = self._answer()
+        self._send(text, final=True)
+        self._finish(text, ids, "abort", metrics)
+
+    def _answer(self) -> tuple[str, list[int], bool, int | None]:
+        """(text, ids, an end token stands in it, where a stop string cut it) of the finished blocks."""
+        stops = torch.tensor(self.decoder.specials.stops)
+        window = torch.tensor(self.decided[:self.job.cfg.gen_len], dtype=torch.long)
+        ids = answer_ids(window, stops, self.decoder.specials.mask)
+        ended = len(ids) < len(window)
+        text = self.decoder.detokenize(ids)
+        cut = _first_stop(text, self.job.stop)
+        if cut is not None:
+            text, ids = text[:cut], _ids_for(text[:cut], ids, self.decoder.detokenize)
+        return text, ids, ended, cut
 
     def _send(self, text: str, *, final: bool) -> None:
         """Deliver the text beyond what was sent. Until the end, hold back what may still turn out

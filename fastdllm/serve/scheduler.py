@@ -41,6 +41,7 @@ class Scheduler:
         self.lock = threading.Condition()
         self.accepting = True
         self.running = False
+        self.aborting = False                 # the shutdown's wait ran out: answer what is decided
         self.thread: threading.Thread | None = None
 
     # --- the HTTP side (any thread) -----------------------------------------------------------
@@ -68,6 +69,24 @@ class Scheduler:
             if not waiting and job_id in self.active:
                 self.cancelled.add(job_id)          # a running row: it leaves at the next boundary
             self._queue_changed()
+
+    def load(self) -> tuple[int, int]:
+        """(running, queued) jobs: what a shutdown waits for."""
+        with self.lock:
+            return len(self.active), len(self.queue)
+
+    def abort(self) -> None:
+        """Stop decoding (the shutdown's wait ran out): after its next forward each running job is
+        answered with the blocks it has finished (finish_reason "abort"); each queued job gets 503
+        now; no new job is taken."""
+        with self.lock:
+            self.accepting = False
+            self.aborting = True
+            queued = list(self.queue)
+            self.queue.clear()
+            self._queue_changed()
+        for job in queued:
+            job.deliver(Failed(503, "the server is shutting down"))
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Take no new jobs; the queued and running ones are finished; then the worker stops."""
@@ -128,18 +147,24 @@ class Scheduler:
                     if self.metrics:
                         self.metrics.forward(now - began, len(rows))
                     began = now
-                    continue
-                region = batch.generated()          # a block boundary
-                end = batch.canvas.blocks[event.block][1]
-                for i, row in enumerate(rows):
-                    row.block_done(region[i], end - batch.canvas.starts[i], self._take_cancel(row.job.id), self.metrics)
-                if any(r.finished for r in rows) or self._joinable(rows, key):
-                    break                           # re-plan: rows leave or join
-                began = time.perf_counter()
+                else:
+                    region = batch.generated()      # a block boundary
+                    end = batch.canvas.blocks[event.block][1]
+                    for i, row in enumerate(rows):
+                        row.block_done(region[i], end - batch.canvas.starts[i], self._take_cancel(row.job.id), self.metrics)
+                    if any(r.finished for r in rows) or self._joinable(rows, key):
+                        break                       # re-plan: rows leave or join
+                    began = time.perf_counter()
+                if self.aborting:
+                    break
             else:
                 unfinished = [r.job.id for r in rows if not r.finished]
                 if unfinished:                      # the engine ended the batch: every row must be done
                     raise RuntimeError(f"the batch ended before rows {unfinished} finished")
+            if self.aborting:                       # before another forward: what each row has is its answer
+                for row in rows:
+                    if not row.finished:
+                        row.abort(self.metrics)
             self._retire([r for r in rows if r.finished])
             rows[:] = [r for r in rows if not r.finished]
 
