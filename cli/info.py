@@ -40,6 +40,8 @@ def info(
         out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine)))
         return
     rows = [("path", details["path"]), ("family", f"{details['family']} ({', '.join(details['architectures'])})"),
+            *([("variant", details["variant"])] if details["variant"] else []),
+            ("profile", f"{details['profile']} (when -P is not given)"),
             ("parameters", f"{details['parameters'] / 1e6:,.1f} M"
                            + (f" ({details['active_parameters'] / 1e6:,.1f} M active per token: mixture of experts)"
                               if details["active_parameters"] != details["parameters"] else "")),

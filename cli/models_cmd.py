@@ -14,6 +14,7 @@ from fastdllm.errors import UserError
 from .terminal import err_console, out_console, print_columns
 from .user_errors import user_errors
 
+PACKED_EXPERTS = {"diffusion_gemma"}   # experts in 3-D tensors: the CPU's int8/int4 kernels leave them (fit.choices)
 MODELS_DIR = typer.Option("--models-dir", help="A folder of checkpoint folders, listed too (FASTDLLM_MODELS).")
 JSON_OUT = typer.Option("--json", help="Print one JSON object.")
 
@@ -55,7 +56,8 @@ def show(
         if entry is None:
             if catalog.is_short_name(name):
                 catalog.find(name)                  # an unknown short name: the close ones, in one line
-            raise UserError(f"'{name}' is neither in the catalog nor here (`fastdllm list`, `fastdllm recommend`)") from None
+            raise UserError(f"'{name}' is neither in the catalog (`fastdllm recommend --all`) nor here "
+                            f"(`fastdllm list`)") from None
         local = None
     if json_out:
         card = {"name": entry.name if entry else local.name}
@@ -74,7 +76,9 @@ def show(
                  ("context", f"{entry.context:,} tokens" if entry.context else "unknown")]
         for p in catalog.PRECISIONS:
             gib = entry.memory_gib(p)
-            rows.append((f"memory {p}", f"{gib:.1f} GiB ({catalog.CANVAS_TOKENS}-token canvas)" if gib else "unknown"))
+            where = "; GPU only: the CPU's int8/int4 leave packed experts" \
+                if p != "bf16" and entry.family in PACKED_EXPERTS else ""
+            rows.append((f"memory {p}", f"{gib:.1f} GiB ({catalog.CANVAS_TOKENS}-token canvas{where})" if gib else "unknown"))
         rows.append(("license", entry.license))
     else:
         rows += [("name", local.name), ("family", local.family)]
@@ -133,15 +137,18 @@ def recommend(
     from fastdllm.checkpoints import catalog, fit
 
     machine = fit.this_machine(device)
-    rows, found = [], []
+    rows, found, packed = [], [], []
     for entry in catalog.entries().values():
-        form = best_form(entry, machine)
-        if form is None and not all_:
+        fits, (label, flags, gib) = verdict(entry, machine)
+        if not fits and not all_:
             continue
-        key, flags, gib = form or ("-", "does not fit", None)
-        found.append({"name": entry.name, "fits": form is not None, "form": key, "flags": flags, "memory_gib": gib,
+        found.append({"name": entry.name, "fits": fits, "form": label, "flags": flags, "memory_gib": gib,
                       "profile": entry.profile, "parameters": entry.parameters})
-        rows.append((entry.name, entry.size_label(), flags, f"{gib:.1f} GiB" if gib else "?", f"-P {entry.profile}"))
+        if machine.kind == "cpu" and entry.family in PACKED_EXPERTS:
+            packed.append(entry.name)
+        run_with = flags if fits else "does not fit" if fits is False else "size unknown"
+        memory = f"{gib:.1f} GiB" + ("" if fits else f" at {label}") if gib else "unknown"
+        rows.append((entry.name, entry.size_label(), run_with, memory, f"-P {entry.profile}"))
     if json_out:
         out_console.print_json(json.dumps({"free_bytes": machine.free_bytes, "where": machine.label, "models": found}))
         return
@@ -149,6 +156,12 @@ def recommend(
     if not rows:
         raise UserError(f"no catalog model fits in {fit.gib(machine.free_bytes)}; `fastdllm recommend --all` lists their needs")
     print_columns(rows, header=("NAME", "PARAMETERS", "RUN WITH", "MEMORY", "PROFILE"))
+    if packed:
+        err_console.print(f"note: {', '.join(packed)}: bf16 only on a CPU (the int8/int4 kernels do not quantize "
+                          f"packed experts); the 8bit/4bit sizes of `fastdllm show` are for a GPU")
+    if all_ and any(f["fits"] is None for f in found):
+        err_console.print("note: size unknown: the entry's config.json was not seen when the catalog was written; "
+                          "`fastdllm pull NAME` then `fastdllm info NAME` measures it")
 
 
 @user_errors
@@ -182,20 +195,21 @@ def ps(
                    for m in loaded["models"]], header=("NAME", "FAMILY", "SIZE", "PRECISION", "PROCESSOR", "CONTEXT"))
 
 
-def best_form(entry, machine) -> tuple[str, str, float] | None:
-    """(estimate key, flags, GiB) of the best-quality form of an entry that fits, or None."""
+def verdict(entry, machine) -> tuple[bool | None, tuple[str | None, str | None, float | None]]:
+    """(fits?, (form, flags, GiB)): the best-quality form that fits; else (False, the smallest form
+    it would need here); (None, nothing) when the catalog does not know its size."""
     from fastdllm.checkpoints import fit
 
     # the catalog holds bf16 / 8bit / 4bit; the CPU kernels' int8 / int4 take about what 8bit / 4bit take
     forms = ([("bf16", "bf16", "--dtype bf16"), ("8bit", "8bit", "--quantize 8bit"), ("4bit", "4bit", "--quantize 4bit")]
              if machine.kind == "gpu" else
-             [("bf16", "bf16", "--dtype bf16")] + ([] if entry.family == "diffusion_gemma" else
+             [("bf16", "bf16", "--dtype bf16")] + ([] if entry.family in PACKED_EXPERTS else
                                                     [("8bit", "int8", "--quantize int8"), ("4bit", "int4", "--quantize int4")]))
-    for key, label, flags in forms:
-        gib = entry.memory_gib(key)
-        if gib and machine.fits(int(gib * fit.GIB)):
-            return label, flags, gib
-    return None
+    known = [(label, flags, entry.memory_gib(key)) for key, label, flags in forms if entry.memory_gib(key)]
+    for label, flags, gib in known:
+        if machine.fits(int(gib * fit.GIB)):
+            return True, (label, flags, gib)
+    return (False, (known[-1][0], None, known[-1][2])) if known else (None, (None, None, None))
 
 
 def ago(seconds_since_epoch: float) -> str:

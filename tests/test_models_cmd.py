@@ -78,7 +78,56 @@ def test_show_prints_the_card(name, tmp_path, monkeypatch):
 def test_show_of_an_unknown_name_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     out = CliRunner().invoke(app, ["show", "someone/something"])
-    assert out.exit_code == 1 and out.output.count("\n") == 1 and "neither in the catalog nor here" in out.output
+    assert out.exit_code == 1 and out.output.count("\n") == 1
+    assert "neither in the catalog (`fastdllm recommend --all`) nor here (`fastdllm list`)" in out.output
+
+
+@pytest.mark.parametrize("command", ["show", "pull"])
+def test_an_unknown_name_points_at_recommend_all_and_a_family_at_its_tags(command):
+    out = CliRunner().invoke(app, [command, "nosuch:model"])
+    assert out.exit_code == 2 and out.output.count("\n") == 1
+    assert out.output.rstrip().endswith("(`fastdllm recommend --all` lists them all)")
+    out = CliRunner().invoke(app, [command, "diffusion-gemma"])
+    assert out.output == ("error: unknown model 'diffusion-gemma': try diffusion-gemma:26b-a4b "
+                          "(`fastdllm recommend --all` lists them all)\n")
+
+
+def test_recommend_all_says_size_unknown_and_what_a_model_that_does_not_fit_needs(monkeypatch):
+    machine(monkeypatch, "cpu", 24)
+    found = recommended("--all")
+    assert found["nemotron-diffusion:3b"]["fits"] is None and found["nemotron-diffusion:3b"]["memory_gib"] is None
+    gemma = found["diffusion-gemma:26b-a4b"]                             # on a CPU: bf16 only
+    assert gemma["fits"] is False and gemma["form"] == "bf16" and gemma["memory_gib"] == 47.1
+    out = CliRunner().invoke(app, ["recommend", "--all"])
+    rows = {line.split()[0]: " ".join(line.split()) for line in out.stdout.splitlines()}
+    assert "size unknown unknown -P nemotron-diffusion" in rows["nemotron-diffusion:3b"]
+    assert "does not fit 47.1 GiB at bf16 -P diffusion-gemma" in rows["diffusion-gemma:26b-a4b"]
+    assert "note: diffusion-gemma:26b-a4b: bf16 only on a CPU" in out.stderr
+    machine(monkeypatch, "gpu", 16)                                      # bitsandbytes' 4bit: 14.3 GiB
+    assert recommended()["diffusion-gemma:26b-a4b"]["flags"] == "--quantize 4bit"
+
+
+def test_show_marks_the_forms_a_cpu_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    out = CliRunner().invoke(app, ["show", "diffusion-gemma:26b-a4b"])
+    assert "memory 4bit  14.3 GiB (384-token canvas; GPU only: the CPU's int8/int4 leave packed experts)" in out.stdout
+    assert "memory bf16  47.1 GiB (384-token canvas)\n" in out.stdout
+
+
+def test_info_names_the_llada2_2_variant_and_the_profile_it_picks(tmp_path):
+    from fastdllm.checkpoints.tiny_moe import write_llada2_2
+
+    both = write_llada2_2(tmp_path / "indel", delete_token_id=5, split_token_id=6)
+    out = CliRunner().invoke(app, ["info", str(both)])
+    lines = {line.split("  ")[0]: line.split("  ", 1)[1].strip() for line in out.stdout.splitlines()}
+    assert lines["variant"] == ("LLaDA2.2: block routing (4 of 8 experts per block of 32), insert/delete editing "
+                                "(DELETE id 5, SPLIT id 6)")
+    assert lines["profile"] == "llada2.2 (when -P is not given)"
+    routing = json.loads(CliRunner().invoke(app, ["info", str(write_llada2_2(tmp_path / "br")), "--json"]).stdout)
+    assert routing["variant"] == "LLaDA2.2: block routing (4 of 8 experts per block of 32)"
+    assert routing["profile"] == "llada2"
+    builtin = CliRunner().invoke(app, ["info"])
+    assert "variant" not in builtin.stdout and "default (when -P is not given)" in builtin.stdout
 
 
 def test_ps_without_a_server_is_one_line():

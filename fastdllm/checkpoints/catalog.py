@@ -64,8 +64,11 @@ def entries() -> dict[str, Entry]:
 
 
 def is_short_name(spec: str) -> bool:
-    """`family:tag` (hub ids have a '/', directories a '/' or no ':'); Windows drives are not ours."""
-    return ":" in spec and "/" not in spec and "\\" not in spec
+    """`family:tag` (hub ids have a '/', directories a '/' or no ':'; Windows drives are not ours), or
+    a catalog family without its tag (`dream`: the error names its tags)."""
+    if "/" in spec or "\\" in spec:
+        return False
+    return ":" in spec or spec.strip().lower() in {n.split(":")[0] for n in entries()}
 
 
 def lookup(spec: str) -> Entry | None:
@@ -85,4 +88,4 @@ def find(name: str) -> Entry:
     family = name.split(":")[0].lower()
     close = [n for n in entries() if n.split(":")[0] == family] or list(entries())
     raise UsageError(f"unknown model '{name}': try {', '.join(close[:6])}"
-                     + (" ..." if len(close) > 6 else "") + " (`fastdllm recommend` lists them all)")
+                     + (" ..." if len(close) > 6 else "") + " (`fastdllm recommend --all` lists them all)")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from ..decode.family_defaults import default_profile, variant
 from ..errors import UserError
 from .family import family_of, read_config
 from .specials import load_tokenizer, special_tokens
@@ -43,6 +44,7 @@ def inspect_checkpoint(path: Path) -> dict:
     specials = special_tokens(raw, tokenizer, path, model_cls)
     return {
         "path": str(path), "family": raw["model_type"], "architectures": raw.get("architectures", []),
+        "variant": variant(raw), "profile": default_profile(raw),
         **shape_summary(shapes, config),
         "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
         "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),

@@ -60,6 +60,20 @@ def decode_defaults(config: dict, generation: dict | None = None) -> dict:
     return entry[1](config, generation or {}) if entry else {}
 
 
+def variant(config: dict) -> str | None:
+    """What config.json switches on beyond its family's name (`info` says it): LLaDA2.2's block
+    routing (`expert_capacity`) and its insert/delete edit tokens (docs/llada2-2.md)."""
+    if _entry(config) is not _LLADA2:
+        return None
+    found = []
+    if (capacity := config.get("expert_capacity")) is not None:
+        found.append(f"block routing ({capacity} of {config.get('num_experts')} experts per block of "
+                     f"{config.get('block_size') or 32})")
+    if config.get("delete_token_id") is not None and config.get("split_token_id") is not None:
+        found.append(f"insert/delete editing (DELETE id {config['delete_token_id']}, SPLIT id {config['split_token_id']})")
+    return f"LLaDA2.2: {', '.join(found)}" if found else None
+
+
 def default_profile(config: dict) -> str:
     entry = _entry(config)
     if entry is _LLADA2 and config.get("delete_token_id") is not None and config.get("split_token_id") is not None:
