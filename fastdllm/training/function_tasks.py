@@ -145,8 +145,10 @@ CLASSICS = [
 def _classic(rng) -> dict:
     name, params, doc, body, inputs = rng.choice(CLASSICS)
     task = _task(name, params, doc, body, inputs, f"classic:{name}")
-    if rng.random() < 0.5:                           # the bare signature, as a user types it
-        task["prompt"] = f"def {name}({params}):\n"
+    if rng.random() < 0.5:                           # the bare signature, as a user types it: with or
+        task["prompt"] = f"def {name}({params}):\n"   # without the line break (then the answer starts with it)
+        if rng.random() < 0.5:
+            task["prompt"], task["canonical_solution"] = task["prompt"][:-1], "\n" + body
     return task
 
 
