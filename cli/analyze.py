@@ -34,7 +34,8 @@ def analyze(
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.")] = None,
     prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Analyze a built-in set's first prompt: code | math | chat.")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
-    output: Annotated[Path, typer.Option("--output", "-O", help="The HTML report; its PNGs and JSON are written beside it.")] = Path("analyze.html"),
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML report; its PNGs and JSON are written beside it.")] = Path("analyze.html"),
+    old_output: Annotated[Optional[Path], typer.Option("-O", hidden=True, help="-o before 0.2.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object (the numbers) on stdout; no HTML.")] = False,
     *, opts: RunOptions,
 ):
@@ -42,6 +43,10 @@ def analyze(
     one-token baseline, the commit timeline, a what-if sweep; an HTML report and advice in words."""
     from fastdllm.bench.analyze import analyze as measure
     from fastdllm.bench.analyze_report import advice, write_report
+
+    if old_output is not None:                         # every command's file is -o/--output (cli/results.py)
+        err_console.print(f"note: -O is -o now (-O goes in the next release): -o {old_output}", style="yellow")
+        output = old_output
 
     text = set_prompt(prompt_set) if prompt_set is not None and prompt is None and file is None else read_prompt(prompt, file)
     if not json_out:

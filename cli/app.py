@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
@@ -25,15 +26,40 @@ from .serve import EXAMPLES as SERVE_EXAMPLES
 from .serve import serve
 from .terminal import err_console
 
+# every family of the catalog (tests/test_help.py keeps this list whole)
+FAMILIES = ("LLaDA, LLaDA-MoE, LLaDA2.x, Dream, DiffuCoder, SDAR, TraDo, Fast-dLLM v2, RND1, DiffusionGemma, "
+            "Nemotron-Labs Diffusion")
+
 app = typer.Typer(
     name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    help="Fast local decoding for diffusion language models (LLaDA, Dream): block-wise KV cache "
-         "and confidence-aware parallel decoding (Fast-dLLM). CPU threads: FASTDLLM_THREADS or OMP_NUM_THREADS "
-         "(default: the physical cores this process may use, fewer while other processes keep some busy).")
+    help=f"Fast local decoding for diffusion language models ({FAMILIES}; `fastdllm recommend --all` lists "
+         "their checkpoints): block-wise KV cache and confidence-aware parallel decoding (Fast-dLLM). CPU threads: "
+         "FASTDLLM_THREADS or OMP_NUM_THREADS (default: the physical cores this process may use, fewer while "
+         "other processes keep some busy).")
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("fastdllm")
+    except PackageNotFoundError:            # a source tree run as `python -m fastdllm`, never installed
+        return "unknown (not installed)"
+
+
+def print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"fastdllm {version()}")
+        raise typer.Exit()
 
 
 @app.callback()
-def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks.")] = False):
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show Python tracebacks.")] = False,
+    _version: Annotated[Optional[bool], typer.Option("--version", callback=print_version, is_eager=True,
+                                                     help="Print fastdllm's version and exit.")] = None,
+):
     user_errors.DEBUG["on"] = debug or bool(os.environ.get("FASTDLLM_DEBUG"))
     try:                        # every command runs after this and imports torch inside it
         threads.configure(watch=True)
@@ -57,6 +83,35 @@ app.command()(recommend)
 app.command()(ps)
 app.command(epilog=SERVE_EXAMPLES)(serve)
 app.add_typer(profiles_app, name="profiles")
+
+
+def one_line_paragraphs(typer_app: typer.Typer) -> None:
+    """Typer's rich help keeps a docstring's line breaks, which fall mid-sentence at any terminal
+    width but the source's: each command's help is given with each paragraph on one line."""
+    for command in typer_app.registered_commands:
+        doc = command.help or inspect.getdoc(command.callback) or ""
+        command.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n")) or None
+    for group in typer_app.registered_groups:
+        one_line_paragraphs(group.typer_instance)
+
+
+def flags_without_a_type() -> None:
+    """Typer (0.2x) shows `<bool>` beside every flag, which takes no value: show nothing there."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "fastdllm", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.fastdllm = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+one_line_paragraphs(app)
+flags_without_a_type()
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from . import parallel
 from .constraint_flags import compile_for, spec_from
 from .model import load_model
 from .options import MODEL_FLAGS, comma_names, model_placement
-from .results import check_writable, save
+from .results import check_writable, output_and_format, save
 from .terminal import err_console, is_terminal, out_console
 from .user_errors import user_errors
 
@@ -73,8 +73,8 @@ def bench(
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
     repetitions: Annotated[str, typer.Option("--repetitions", "-r", help="Timed runs of every row, interleaved across rows (median and spread of tokens/s; a speed-up marked ~ when the spreads make it unreliable). auto: 2 of every row, then up to 5 for a row whose spread is above 10% or whose speed-up is still unsettled (with its baseline).")] = "auto",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of the first batch per cache mode and shape.")] = 1,
-    output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | jsonl | csv | html (the table and a speed-up against agreement scatter, one point per row).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to FILE (format from -o or the suffix).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the results to FILE (format from --format, else its suffix).")] = None,
+    output_format: Annotated[Optional[str], typer.Option("--format", help="table | md | json | jsonl | csv | html (the table and a speed-up against agreement scatter, one point per row); default: from --output's suffix, else table.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Save a plot (PNG): throughput vs gen_len, speed vs agreement.")] = None,
     list_rows: Annotated[bool, typer.Option("--list", help="List the configurations and exit.")] = False,
     num_processes: Annotated[Optional[int], typer.Option("--num-processes", help="Data parallel: N processes, one per GPU (or sharing the CPU cores), each with its share of every row's batches; as `torchrun --nproc-per-node N -m fastdllm bench ...`.")] = None,
@@ -96,7 +96,7 @@ def bench(
     from fastdllm.bench import prompts, runner
     from fastdllm.bench import rounds as bench_rounds
     from fastdllm.bench import suite as bench_suite
-    from fastdllm.bench.format import format_for, require_matplotlib
+    from fastdllm.bench.format import FORMATS, format_for, require_matplotlib
     from fastdllm.bench.format import render as bench_render
     from fastdllm.bench.inputs import check_infilling
     from fastdllm.decode import profiles
@@ -104,6 +104,7 @@ def bench(
     from fastdllm.eval.distributed import injected
 
     # everything a user can get wrong is checked before the model is loaded
+    output, output_format = output_and_format(output, output_format, FORMATS)
     fmt = format_for(output_format, output)
     spec = spec_from(json_schema, regex, grammar)
     repetitions = bench_rounds.parse(repetitions)

@@ -20,7 +20,7 @@ from fastdllm.errors import UsageError, UserError
 from . import parallel
 from .model import load_model
 from .options import MODEL_FLAGS, comma_names, decoding_options, model_placement
-from .results import check_writable
+from .results import check_writable, output_and_format
 from .results import save as save_records
 from .terminal import err_console, is_terminal, out_console
 from .user_errors import user_errors
@@ -43,8 +43,8 @@ def eval_(
     limit: Annotated[Optional[int], typer.Option("--limit", help="At most N documents per task.")] = None,
     num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", help="Few-shot examples (default: the task's).")] = None,
     include_path: Annotated[Optional[list[Path]], typer.Option("--include-path", help="A folder of local task YAMLs (repeatable).")] = None,
-    output_format: Annotated[Optional[str], typer.Option("--format", "-o", help="table | md | json | csv (default: from --output's suffix, else table).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", help="Write the results to this file (rewritten as each task x profile finishes).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the results to this file (rewritten as each task x profile finishes).")] = None,
+    output_format: Annotated[Optional[str], typer.Option("--format", help="table | md | json | csv (default: from --output's suffix, else table).")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the task prompts (lm-eval's --apply_chat_template).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Requests decoded together (left padding).")] = 1,
     mc_num: Annotated[int, typer.Option("--mc-num", help="Likelihood tasks: Monte Carlo samples per continuation (LLaDA's estimate).")] = 128,
@@ -69,10 +69,11 @@ def eval_(
     from fastdllm.decode import profiles
     from fastdllm.eval.format import FORMATS, SUFFIXES
 
+    output, output_format = output_and_format(output, output_format, FORMATS)
     fmt = output_format or (SUFFIXES.get(output.suffix.lower()) if output else "table")
     if fmt not in FORMATS:
-        raise UsageError(f"-o {output_format}: expected one of {', '.join(FORMATS)}" if output_format else
-                         f"cannot tell the format of {output} from its suffix: pass -o {'|'.join(FORMATS)}")
+        raise UsageError(f"--format {output_format}: expected one of {', '.join(FORMATS)}" if output_format else
+                         f"cannot tell the format of {output} from its suffix: pass --format {'|'.join(FORMATS)}")
     check_writable(output, "--output")
     for name, value, low in (("--limit", limit, 1), ("--num-fewshot", num_fewshot, 0), ("--batch-size", batch_size, 1)):
         if value is not None and value < low:

@@ -9,6 +9,19 @@ from pathlib import Path
 from fastdllm.errors import UsageError
 
 
+def output_and_format(output: Path | None, fmt: str | None, formats: tuple[str, ...]) -> tuple[Path | None, str | None]:
+    """Every command's convention: -o/--output FILE, --format FORMAT (ollama, lm-eval's -o and curl
+    name a file with -o). bench and eval took -o for the format until 0.1: for one more release a
+    bare format name after -o (no such file here) still picks the format, with a note."""
+    if output is not None and fmt is None and str(output) in formats and not output.exists():
+        from .terminal import err_console
+
+        err_console.print(f"note: -o {output} is read as --format {output} for this release only: -o/--output "
+                          f"names the output file now (use --format {output})", style="yellow")
+        return None, str(output)
+    return output, fmt
+
+
 def check_writable(path: Path | None, flag: str) -> None:
     """Refuse a results file that could not be written, before the first row runs."""
     if path is None:

@@ -297,7 +297,7 @@ def test_unquantized_agreement_is_against_the_same_case():
     (["-n", "30", "--block-len", "8"], "gen_len 30 is not a multiple of block_len 8"),
     (["--threshold", "0.5,1.5"], "threshold: 1.5 is above the maximum 1.0"),
     (["--batch-size", "0"], "--batch-size"),
-    (["-o", "xml"], "-o xml"),
+    (["--format", "xml"], "--format xml"),
     (["-c", "turbo"], "unknown configuration 'turbo'"),
     (["-r", "0"], "--repetitions 0"),
     (["-r", "often"], "--repetitions often: give a count or 'auto'"),

@@ -145,7 +145,7 @@ def test_eval_runs_tasks_and_profiles_side_by_side(llada_dir, tmp_path):
     (["--tasks", "no_such_task"], 2, "unknown task no_such_task"),
     (["--tasks", "tiny_unsafe"], 1, "--confirm-run-unsafe-code"),
     (["--tasks", "tiny_next_line", "--mc-num", "5", "--mc-batch", "2"], 2, "multiple of --mc-batch"),
-    (["--tasks", "tiny_next_line", "-o", "xml"], 2, "expected one of"),
+    (["--tasks", "tiny_next_line", "--format", "xml"], 2, "expected one of"),
 ])
 def test_eval_mistakes_are_one_line_errors(llada_dir, args, code, words):
     r = invoke("eval", "-m", llada_dir, "--include-path", TASKS, "--limit", "1", *args)

@@ -153,7 +153,7 @@ def test_bench_output_that_cannot_be_written_is_refused_before_loading(llada_dir
     import fastdllm.cli.bench as cli_bench
 
     monkeypatch.setattr(cli_bench, "load_model", lambda *a, **k: pytest.fail("model loaded"))
-    r = invoke(*BENCH, "-m", llada_dir, "-o", "jsonl", "--output", tmp_path / where)
+    r = invoke(*BENCH, "-m", llada_dir, "--format", "jsonl", "--output", tmp_path / where)
     assert r.exit_code == 2 and "--output" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

@@ -19,15 +19,15 @@ SUFFIXES = {".md": "md", ".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".tx
 
 
 def format_for(name: str | None, path: Path | None) -> str:
-    """The format asked for with -o, else the output file's suffix, else the table."""
+    """The format asked for with --format, else the output file's suffix, else the table."""
     if name is not None:
         if name not in FORMATS:
-            raise UsageError(f"-o {name}: expected one of {', '.join(FORMATS)}")
+            raise UsageError(f"--format {name}: expected one of {', '.join(FORMATS)}")
         return name
     if path is None:
         return "table"
     if path.suffix.lower() not in SUFFIXES:
-        raise UsageError(f"cannot tell the format of {path} from its suffix: pass -o {'|'.join(FORMATS)}")
+        raise UsageError(f"cannot tell the format of {path} from its suffix: pass --format {'|'.join(FORMATS)}")
     return SUFFIXES[path.suffix.lower()]
 
 

@@ -1,4 +1,4 @@
-"""A bench's records as one self-contained HTML page (`fastdllm bench -o html`, or an output
+"""A bench's records as one self-contained HTML page (`fastdllm bench --format html`, or an output
 file ending in .html): the caption, the table, the rows left out, and a speed-up against agreement
 scatter with one point per row compared with its baseline (PNG embedded as base64; matplotlib
 from the `plot` extra, else the page says so). The accelerators suite's summary
