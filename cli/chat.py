@@ -102,19 +102,20 @@ def answer(lm, session, history: list[dict], message: str, cfg, live: bool, cons
     given); print it; record the turn in `session`."""
     from fastdllm.checkpoints.plain_chat import cut_plain_answer, plain_transcript
     from fastdllm.decode.engine import run
-    from fastdllm.terminal.chat import fit_history
-    from fastdllm.terminal.view import stats_line
+    from fastdllm.terminal.chat import fit_history, turn_number
+    from fastdllm.terminal.stats import stats_line
 
     if lm.has_chat_template:
         encode = lambda h: lm.encode(message, chat=True, system=session.system, history=h,   # noqa: E731
                                    thinking=session.thinking)
     else:
         encode = lambda h: lm.encode(plain_transcript(session.system, h, message), chat=False)   # noqa: E731
+    turn = turn_number(history)                    # of the conversation (what /clear starts again)
     ids, history, dropped = fit_history(history, encode, cfg.gen_len, lm.context_length)
     if dropped:
         say(f"(dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the context of "
             f"{lm.context_length} tokens)", "yellow")
-    header = f"{lm.path.name} · turn {session.totals.turns + 1} · cache {cfg.cache} · {describe(cfg)}"
+    header = f"{lm.path.name} · turn {turn} · cache {cfg.cache} · {describe(cfg)}"
     view = live_view(lm, ids, cfg, header, constrained=constraint is not None) if live else None
     with view or nullcontext(), keys_not_echoed():
         result = run(lm.decoder, [ids], cfg, on_event=view.update if view else None,

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 
 from fastdllm.errors import UsageError
+from fastdllm.units import plural
 
 CONSTRAINT_FLAGS = {
     "json_schema": (Optional[Path], typer.Option("--json-schema", help="Answer with JSON valid under this JSON Schema file ('{}' or {\"type\": \"object\"}: any object).", rich_help_panel="Structured output")),
@@ -48,6 +49,6 @@ def compile_for(spec, lm) -> Any:
 def finish_note(result) -> str | None:
     """A line for stderr when the constrained answer did not complete within its length."""
     if result.complete and result.complete[0] is False:
-        return (f"finish: length (the answer ended after {len(result.ids[0])} tokens, before its constraint was "
+        return (f"finish: length (the answer ended after {plural(len(result.ids[0]), 'token')}, before its constraint was "
                 f"complete; raise -n)")
     return None

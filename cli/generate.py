@@ -43,7 +43,8 @@ def generate(
     """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
     from fastdllm.decode.engine import run
     from fastdllm.decode.rules import describe
-    from fastdllm.terminal.view import BlockStreamer, stats_block, stats_line
+    from fastdllm.terminal.stats import stats_block, stats_line
+    from fastdllm.terminal.view import BlockStreamer
 
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     spec = spec_from(json_schema, regex, grammar)

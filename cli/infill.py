@@ -57,7 +57,8 @@ def fill(lm, profile, cfg, parts: list, form: str, *, hole: int, trim: bool, jso
     from fastdllm.decode import infill
     from fastdllm.decode.engine import run
     from fastdllm.decode.rules import describe
-    from fastdllm.terminal.view import InfillCanvas, stats_block, stats_line
+    from fastdllm.terminal.stats import stats_block, stats_line
+    from fastdllm.terminal.view import InfillCanvas
 
     filling = infill.for_model(lm, parts, hole)
     header = (f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)} · "

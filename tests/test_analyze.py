@@ -49,7 +49,8 @@ def test_json_is_consistent_with_the_run(llada_run):
     assert data["nfe"] == len(data["steps"]) == sum(b["nfe"] for b in data["blocks"])
     commits = [c for s in data["steps"] for c in s["commits"]]
     assert data["committed"] == len(commits) == sum(b["committed"] for b in data["blocks"])
-    assert data["tokens_per_forward"] == pytest.approx(data["committed"] / data["nfe"], abs=1e-4)
+    assert data["committed_per_forward"] == pytest.approx(data["committed"] / data["nfe"], abs=1e-4)
+    assert data["tokens_per_forward"] == pytest.approx(data["generated_tokens"] / data["nfe"], abs=1e-4)
     assert data["agreement"]["agreed"] == sum(bool(c["agrees"]) for c in commits)
     assert data["baseline"]["nfe"] == CFG.gen_len                 # one token per step
     assert [s["nfe"] for s in data["steps"]] == list(range(1, data["nfe"] + 1))

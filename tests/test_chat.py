@@ -168,7 +168,7 @@ def test_regen_stats_and_plain_transcript():
     assert repl.run_command(s, "/regen").action == "regen"
     assert repl.regen_target(s.messages) == (turn("hi", "hello"), "more")
     assert s.regen_config().seed == 1 and s.regen_config().seed == 2 and s.cfg.seed == 0
-    assert repl.run_command(s, "/stats").text == "2 turns · 20 tokens · 8 forwards · 1.00 s · 20.0 tok/s mean"
+    assert repl.run_command(s, "/stats").text == "2 answers · 20 tokens · 8 forwards · 1.00 s · 20.0 tok/s mean"
     assert repl.run_command(session(), "/stats").text == "No answers yet."
     assert plain_chat.plain_transcript("Be kind.", turn("hi", "hello"), "bye") == \
         "Be kind.\n\nUser: hi\nAssistant: hello\nUser: bye\nAssistant:"
@@ -210,7 +210,7 @@ not sent: after /bye
     assert s4["messages"][:4] == s1["messages"] and said(s4["messages"])[2] == "/multi\nline"
     # stdout holds exactly the answers, in order; everything else went to stderr
     assert r.stdout == "".join(a + "\n" for a in answers(s1) + answers(s2)[1:] + answers(s4)[2:])
-    assert "threshold = 0.5" in r.stderr and "4 turns" in r.stderr and "not sent" not in r.stdout
+    assert "threshold = 0.5" in r.stderr and "4 answers" in r.stderr and "not sent" not in r.stdout
     assert "/? for help" not in r.stderr                                     # no banner when piped
     assert r.stderr.count("tok/forward") == 4                                # one footer per answer
 

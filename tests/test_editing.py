@@ -189,7 +189,7 @@ def test_view_shows_an_edit_in_its_own_colour():
     styles = {body.plain[s.start:s.end]: str(s.style) for s in body.spans}
     assert view.tokens[:3] == [5, 8, 9] and styles["<5>"] == EDIT_STYLE and styles["<9>"] != EDIT_STYLE
     assert view.edits == 1 and view.committed == 3
-    assert "1 edits" in view.frame(body, 1).renderables[2].plain
+    assert "· 1 edit ·" in view.frame(body, 1).renderables[2].plain                 # one edit, singular
 
 
 def test_profiles_and_the_cli(models):

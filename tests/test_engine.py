@@ -29,7 +29,8 @@ def test_vanilla_takes_gen_len_forwards_and_threshold_never_more(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
     vanilla = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, cache="none", rule="fixed", early_stop=False))
     assert vanilla.nfe == 32 and vanilla.committed == 32
-    assert vanilla.tokens_per_forward == 1.0
+    assert vanilla.committed_per_forward == 1.0
+    assert vanilla.tokens_per_forward == vanilla.generated_tokens / 32            # answer tokens only
     for cache in ("none", "prefix", "dual"):
         for tau in (0.5, 0.9, 1.0):
             fast = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, cache=cache, threshold=tau, early_stop=False))
@@ -40,7 +41,7 @@ def test_vanilla_takes_gen_len_forwards_and_threshold_never_more(llada64):
 def test_fixed_rule_nfe_equals_steps(llada64):
     prompt = llada64.encode("Count to ten.", chat=True)
     r = run(llada64.decoder, [prompt], DecodeConfig(gen_len=32, block_len=8, rule="fixed", steps=8, early_stop=False))
-    assert r.nfe == 8 and r.tokens_per_forward == 4.0
+    assert r.nfe == 8 and r.committed_per_forward == 4.0
 
 
 def test_events_cover_every_step_and_block(llada64):

@@ -2,8 +2,8 @@
 own event stream (decode/engine.py's Batch; no second decode loop), plus the references it is read
 against.
 
-- timeline: per step the committed positions, their confidences and ranks; NFE per block, tokens
-  per forward;
+- timeline: per step the committed positions, their confidences and ranks; NFE per block, answer
+  tokens per forward (and positions committed per forward);
 - KV drift (bidirectional families, prefix and dual caches): after each step's forward, per layer,
   the cached K/V the step attended to against a fresh full forward of the same canvas (the canvas
   before the step's commit): cosine similarity and relative error;
@@ -196,7 +196,8 @@ def record(result: Result, steps: list[dict], cfg: DecodeConfig) -> dict:
     judged = [c for c in commits if c["agrees"] is not None]
     agreed = sum(c["agrees"] for c in judged)
     return {"config": cfg.to_dict(), "text": result.texts[0], "nfe": result.nfe,
-            "committed": result.committed, "tokens_per_forward": round(result.tokens_per_forward, 4),
+            "committed": result.committed, "tokens_per_forward": round(result.tokens_per_forward, 4),   # answer tokens
+            "committed_per_forward": round(result.committed_per_forward, 4),
             "prompt_tokens": result.prompt_tokens[0], "generated_tokens": result.generated_tokens,
             "blocks": list(blocks.values()), "steps": steps,
             "agreement": {"commits": len(commits), "compared": len(judged), "agreed": agreed,

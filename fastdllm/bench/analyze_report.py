@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from ..units import plural
 
 ONE_PERCENT = 0.01
 
@@ -44,12 +45,13 @@ def advice(data: dict) -> list[str]:
     agree = data["agreement"]
     label = rule_label(data["config"])
     lines.append(f"{label} agreed with the uncached one-token baseline on {agree['rate']:.0%} of "
-                 f"{agree['compared']} commits ({data['nfe']} NFE against the baseline's {data['baseline']['nfe']}, "
-                 f"{data['tokens_per_forward']:.2f} tokens per forward)")
+                 f"{plural(agree['compared'], 'commit')} ({data['nfe']} NFE against the baseline's {data['baseline']['nfe']}, "
+                 f"{data['tokens_per_forward']:.2f} answer tokens per forward, {data['committed_per_forward']:.2f} "
+                 "positions committed)")
     confident = [c for s in data["steps"] for c in s["commits"] if c["agrees"] is not None and c["confidence"] >= 0.9]
     if confident:
         rate = sum(c["agrees"] for c in confident) / len(confident)
-        lines.append(f"commits at confidence >= 0.9 agreed on {rate:.0%} ({len(confident)} commits)")
+        lines.append(f"commits at confidence >= 0.9 agreed on {rate:.0%} ({plural(len(confident), 'commit')})")
     cfg = data["config"]
     for run in data["sweep"]:
         if run["rule"] == "cache":
@@ -101,7 +103,7 @@ def figures(data: dict) -> dict[str, bytes]:
     raster.invert_yaxis()
     blocks = data["blocks"]
     bars.bar([b["block"] for b in blocks], [b["nfe"] for b in blocks], color="tab:gray")
-    bars.set(xlabel="block", ylabel="NFE", title=f"{data['tokens_per_forward']:.2f} tokens/forward",
+    bars.set(xlabel="block", ylabel="NFE", title=f"{data['tokens_per_forward']:.2f} answer tok/forward",
              xticks=[b["block"] for b in blocks])
     save("timeline", fig)
 
@@ -173,6 +175,7 @@ def write_report(data: dict, html_path: Path) -> list[Path]:
 
 def summary(data: dict) -> dict:
     """The headline numbers, without per-step lists (for the page)."""
-    keep = ("nfe", "committed", "tokens_per_forward", "prompt_tokens", "generated_tokens", "agreement", "sweep", "seconds")
+    keep = ("nfe", "committed", "tokens_per_forward", "committed_per_forward", "prompt_tokens", "generated_tokens",
+            "agreement", "sweep", "seconds")
     drift = {m: d if "refused" in d else {k: v for k, v in d.items() if k != "steps"} for m, d in data["drift"].items()}
     return {**{k: data[k] for k in keep}, "drift": drift, "baseline_nfe": data["baseline"]["nfe"]}

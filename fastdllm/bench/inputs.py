@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..decode.engine import infill_canvas
 from ..decode.infill import Filling, for_model
 from ..errors import UsageError, UserError
+from ..units import plural
 from .cases import Case
 from .prompts import PromptSet
 
@@ -38,7 +39,7 @@ def prepare(lm, cases: list[Case], prompt_set: PromptSet, chat: bool | None) -> 
                         f"exceeds the model's context of {lm.context_length}")
     for c in cases:
         if c.batch_size > len(prompt_set.prompts):
-            raise UsageError(f"--batch-size {c.batch_size} exceeds the {len(prompt_set.prompts)} prompts: "
+            raise UsageError(f"--batch-size {c.batch_size} exceeds the {plural(len(prompt_set.prompts), 'prompt')}: "
                              f"raise --n-prompts")
         # each template planned as engine.Batch plans it, so that the engine's refusals (a block-causal
         # model, a hole at the start on a shifted one) come now, not after the first rows

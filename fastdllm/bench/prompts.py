@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UsageError
+from ..units import plural
 
 CODE = [
     "def clamp(value, low, high):\n",
@@ -153,7 +154,7 @@ class PromptSet:
         if n < 1:
             raise UsageError(f"--n-prompts {n}: give at least 1")
         if n > len(self.prompts):
-            raise UsageError(f"--n-prompts {n}: the '{self.name}' set has {len(self.prompts)} prompts")
+            raise UsageError(f"--n-prompts {n}: the '{self.name}' set has {plural(len(self.prompts), 'prompt')}")
         return replace(self, prompts=self.prompts[:n], references=self.references and self.references[:n],
                        suffixes=self.suffixes and self.suffixes[:n])
 

@@ -63,10 +63,15 @@ def count_runs(cases: list[Case], n_prompts: int, repetitions: int | str, warmup
                share: tuple[int, int] = (0, 1)) -> int:
     """How many engine runs `measure` makes for sure (for a progress bar; `auto` may add rounds):
     warm-ups, then timed batches (of rank `share[0]` among `share[1]` processes)."""
-    rank, size = share
-    mine = [len(range(rank, -(-n_prompts // c.batch_size), size)) for c in cases]
+    mine = [runs_per_round(c, n_prompts, share) for c in cases]
     warm = len({_warm_key(c) for c, n in zip(cases, mine) if n}) * warmup
-    return warm + sum(mine) * rounds.planned(repetitions, size)
+    return warm + sum(mine) * rounds.planned(repetitions, share[1])
+
+
+def runs_per_round(case: Case, n_prompts: int, share: tuple[int, int] = (0, 1)) -> int:
+    """The batches of `case` that rank `share[0]` of `share[1]` runs in one repetition."""
+    rank, size = share
+    return len(range(rank, -(-n_prompts // case.batch_size), size))
 
 
 def measure(lm, cases: list[Case], prompt_set: PromptSet, *, chat: bool | None = None,
@@ -190,7 +195,9 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         **spread_fields(speeds),
         "speedup": None, "speedup_min": None, "speedup_max": None, "speedup_reliable": None,
         "nfe": sum(r.nfe for r in first),                 # forwards for the whole prompt set
-        "tokens_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
+        # answer tokens (up to each end token) per forward of a row; beside them, positions committed (end padding too)
+        "tokens_per_forward": round(sum(r.generated_tokens for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
+        "committed_per_forward": round(sum(r.committed for r in first) / max(sum(r.nfe * r.batch for r in first), 1), 3),
         # the work behind the speed: answer length, and canvas positions a forward runs (engine.generate)
         "answer_tokens": round(sum(r.generated_tokens for r in first) / max(sum(r.batch for r in first), 1), 1),
         "positions_per_forward": round(sum(r.positions_run or 0 for r in first) / max(sum(r.nfe for r in first), 1), 1),

@@ -83,6 +83,12 @@ class Result:
 
     @property
     def tokens_per_forward(self) -> float:
+        """Answer tokens (up to each row's end token) per forward of a row: the headline figure."""
+        return self.generated_tokens / max(self.nfe * self.batch, 1)
+
+    @property
+    def committed_per_forward(self) -> float:
+        """Canvas positions committed per forward of a row, the end padding after an answer included."""
         return self.committed / max(self.nfe * self.batch, 1)
 
     @property
@@ -102,7 +108,8 @@ class Result:
             "text": self.texts[0] if one else self.texts, "ids": self.ids[0] if one else self.ids,
             "prompt_tokens": self.prompt_tokens[0] if one else self.prompt_tokens,
             "generated_tokens": self.generated_tokens, "nfe": self.nfe,
-            "tokens_per_forward": round(self.tokens_per_forward, 4),
+            "tokens_per_forward": round(self.tokens_per_forward, 4), "committed": self.committed,
+            "committed_per_forward": round(self.committed_per_forward, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "timings": {"first_step_s": round(self.seconds_first_step, 4), "total_s": round(self.seconds_total, 4)},
             "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_kind": self.peak_memory_kind,

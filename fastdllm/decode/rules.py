@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import UserError
+from ..units import plural
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def _klass(sorted_conf, cfg, scheduled, sorted_stable):
 
 
 def _steps_text(steps: int, gen_len: int) -> str:
-    return "1/step" if steps == gen_len else f"{steps} steps"
+    return "1/step" if steps == gen_len else plural(steps, "step")
 
 
 RULES: dict[str, Rule] = {r.name: r for r in [
@@ -133,7 +134,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "commit the largest n with (n+1)(1 - c_n) < factor (the paper's Theorem 1)",
          needs_probability=True),
     Rule("fixed", "steps", _fixed, lambda cfg: cfg.total_steps,
-         lambda v, n: f"fixed {v} steps", _steps_text,
+         lambda v, n: f"fixed {plural(v, 'step')}", _steps_text,
          "LLaDA's schedule: steps spread evenly over the blocks (default gen_len: one token per step)",
          scheduled=True),
     Rule("dynamic", "threshold", _dynamic, lambda cfg: cfg.threshold,
@@ -147,7 +148,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "no per-step quota (docs/llada2-moe.md 6.3)",
          needs_probability=True),
     Rule("sequential", "steps", _fixed, lambda cfg: cfg.total_steps,
-         lambda v, n: f"sequential {v} steps", _steps_text,
+         lambda v, n: f"sequential {plural(v, 'step')}", _steps_text,
          "the step's share of the schedule, leftmost candidates first (SDAR's sequential)",
          scheduled=True, by_position=True),
     Rule("eb_sampler", "entropy_bound", _eb_sampler, lambda cfg: cfg.entropy_bound,
@@ -162,7 +163,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "one (SDAR's entropy_bounded as intended; the published code raises before its first step)",
          measure="neg_entropy"),
     Rule("entropy_schedule", "steps", _entropy_schedule, lambda cfg: cfg.total_steps,
-         lambda v, n: f"entropy schedule, {v} steps", lambda v, n: f"H/{v}",
+         lambda v, n: f"entropy schedule, {plural(v, 'step')}", lambda v, n: f"H/{v}",
          "RND1's schedule: after step t of S, floor(M t / S) of a block's M masks stay masked, the "
          "highest-entropy ones; the others take their prediction (docs/rnd1.md 5)",
          measure="entropy", whole_canvas=True),

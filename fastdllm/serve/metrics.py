@@ -44,8 +44,9 @@ class Metrics:
                                   "Canvas positions committed for finished answers (end-of-text padding included)",
                                   registry=r)
         self._tokens_per_forward = Gauge("fastdllm_tokens_per_forward",
-                                         "Committed positions per forward over all finished answers so far",
-                                         registry=r)
+                                         "Answer tokens (up to their end token) per forward over all finished "
+                                         "answers so far; committed positions per forward: "
+                                         "fastdllm_committed_positions_total / fastdllm_nfe_total", registry=r)
         self._request_seconds = Histogram("fastdllm_request_seconds", "Time from submit to finish of an answer",
                                           buckets=REQUEST_SECONDS, registry=r)
         self._queued_seconds = Histogram("fastdllm_queued_seconds", "Time an answer waited before its first forward",
@@ -53,7 +54,7 @@ class Metrics:
         self._queue_depth = Gauge("fastdllm_queue_depth", "Jobs waiting for a place in the batch", registry=r)
         # the running ratio needs both totals updated together (two counters read apart could tear)
         self._lock = threading.Lock()
-        self._nfe_total = self._committed_total = 0
+        self._nfe_total = self._generated_total = 0
 
     def request(self, endpoint: str, status: int) -> None:
         self._requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -73,8 +74,8 @@ class Metrics:
         self._queued_seconds.observe(f.queued_seconds)
         with self._lock:
             self._nfe_total += f.nfe
-            self._committed_total += f.committed
-            self._tokens_per_forward.set(self._committed_total / max(self._nfe_total, 1))
+            self._generated_total += f.completion_tokens
+            self._tokens_per_forward.set(self._generated_total / max(self._nfe_total, 1))
 
     def queue_depth(self, n: int) -> None:
         self._queue_depth.set(n)

@@ -15,9 +15,12 @@ from .tools import parse_calls
 
 
 def usage(f: Finished) -> dict:
+    """OpenAI's counts and fastdllm's: forwards, answer tokens per forward and, beside them, the
+    positions committed per forward (the end padding after the answer included)."""
     return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
             "total_tokens": f.prompt_tokens + f.completion_tokens, "nfe": f.nfe,
-            "tokens_per_forward": round(f.tokens_per_forward, 4)}
+            "tokens_per_forward": round(f.completion_tokens / max(f.nfe, 1), 4),
+            "committed_per_forward": round(f.committed / max(f.nfe, 1), 4)}
 
 
 def details(f: Finished, prepared: Prepared) -> dict:

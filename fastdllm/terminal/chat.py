@@ -12,6 +12,7 @@ from typing import Any, Callable
 from ..decode import profiles
 from ..decode.config import ConfigError, DecodeConfig
 from ..errors import UserError
+from ..units import plural
 
 MULTILINE = '"""'
 ROLES = ("user", "assistant")
@@ -33,16 +34,16 @@ Ctrl+C stops an answer (it is discarded, the conversation stays); Ctrl+D exits.'
 
 @dataclass
 class Totals:
-    turns: int = 0              # answers completed (regenerations included)
+    answers: int = 0            # answers completed (regenerations included; /clear keeps them)
     tokens: int = 0
     nfe: int = 0
     seconds: float = 0.0
 
     def describe(self) -> str:
-        if not self.turns:
+        if not self.answers:
             return "No answers yet."
-        return (f"{self.turns} turns · {self.tokens} tokens · {self.nfe} forwards · {self.seconds:.2f} s · "
-                f"{self.tokens / max(self.seconds, 1e-9):.1f} tok/s mean")
+        return (f"{plural(self.answers, 'answer')} · {plural(self.tokens, 'token')} · {plural(self.nfe, 'forward')} · "
+                f"{self.seconds:.2f} s · {self.tokens / max(self.seconds, 1e-9):.1f} tok/s mean")
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Session:
         """A completed answer: `history` is what the prompt kept (older turns may have been dropped)."""
         self.messages = list(history) + [{"role": "user", "content": message},
                                          {"role": "assistant", "content": answer}]
-        self.totals.turns += 1
+        self.totals.answers += 1
         self.totals.tokens += result.generated_tokens
         self.totals.nfe += result.nfe
         self.totals.seconds += result.seconds_total
@@ -106,6 +107,12 @@ def read_message(first: str, more: Callable[[], str]) -> str:
 
 
 # ---------------------------------------------------------------- context
+
+def turn_number(history: list[dict]) -> int:
+    """The turn of the conversation that a message after `history` is (1 after /clear; a /regen
+    answers its turn again)."""
+    return sum(m["role"] == "user" for m in history) + 1
+
 
 def drop_oldest_turn(history: list[dict]) -> list[dict]:
     """Without the first message and whatever follows it up to the next user message."""
@@ -208,7 +215,7 @@ def cmd_show(session: Session, arg: str) -> Reply:
     lines += [f"  {k}: {info[k]}" for k in ("family", "parameters", "dtype", "device", "context_length",
                                              "chat_template") if k in info]
     lines += [f"system: {session.system!r}" if session.system else "system: none",
-              f"conversation: {len(session.messages)} messages"]
+              f"conversation: {plural(len(session.messages), 'message')}"]
     return Reply("\n".join(lines))
 
 
@@ -225,7 +232,7 @@ def cmd_save(session: Session, arg: str) -> Reply:
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-    return Reply(f"Saved {len(session.messages)} messages to {path}.")
+    return Reply(f"Saved {plural(len(session.messages), 'message')} to {path}.")
 
 
 def cmd_load(session: Session, arg: str) -> Reply:
@@ -233,7 +240,7 @@ def cmd_load(session: Session, arg: str) -> Reply:
         raise UserError("usage: /load FILE")
     path = Path(arg).expanduser()
     session.system, session.messages = load_history(path)
-    return Reply(f"Loaded {len(session.messages)} messages from {path}.")
+    return Reply(f"Loaded {plural(len(session.messages), 'message')} from {path}.")
 
 
 def load_history(path: Path) -> tuple[str | None, list[dict]]:

@@ -1,5 +1,5 @@
-"""Rendering the engine's event stream: the live canvas (rich), block-by-block plain streaming,
-and the stats after a run. Views read event fields; they never touch the model."""
+"""Rendering the engine's event stream: the live canvas (rich) and block-by-block plain streaming
+(the stats after a run: stats.py). Views read event fields; they never touch the model."""
 
 from __future__ import annotations
 
@@ -12,12 +12,23 @@ from rich.live import Live
 from rich.text import Text
 
 from ..decode.engine import BlockEvent, Result, StepEvent
-from ..units import human_bytes
+from ..units import plural
+from .screen import fit_frame
 
 MASK_GLYPH = "░"
 EDIT_STYLE = "bold magenta"   # a token that token editing (LLaDA2.1) has just overwritten
 FRONTIER_STYLE = "bold black on yellow"   # structured output: the masked position its grammar checks next
 END_GLYPH = "·"      # a committed end-of-text / end-of-turn position (padding after the answer)
+
+
+def written_before_end(tokens: list[int | None], stops: set[int]) -> int:
+    """Answer tokens in a stretch of the canvas: positions written (not None) before its first end token."""
+    n = 0
+    for t in tokens:
+        if t in stops:
+            break
+        n += t is not None
+    return n
 
 
 def confidence_style(c: float) -> str:
@@ -128,15 +139,22 @@ class LiveView:
     def render(self) -> Group:
         raise NotImplementedError
 
-    def frame(self, body: Text, blocks: int) -> Group:
+    def answer_tokens(self) -> int:
+        """Answer tokens of row 0 written so far (renoising samplers: those of finished blocks)."""
+        return self.committed
+
+    def frame(self, body: Text, blocks: int, focus: int | None = None) -> Group:
+        """Header, body and status line, fitted to the terminal (screen.fit_frame; focus: the
+        body's character offset to keep in view, the front)."""
         elapsed = time.perf_counter() - self.started
+        answer = self.answer_tokens()
         share = (f"mean entropy {self.entropy:.3f}" if self.entropy is not None
-                 else f"{self.committed / max(self.nfe, 1):.2f} tok/fwd")
-        share += f" · {self.edits} edits" if self.edits else ""
+                 else f"{answer / max(self.nfe, 1):.2f} tok/fwd ({self.committed / max(self.nfe, 1):.2f} committed)")
+        share += f" · {plural(self.edits, 'edit')}" if self.edits else ""
         share += f" · {self.deleted} deleted · {self.inserted} inserted" if self.deleted or self.inserted else ""
         footer = Text(f"block {min(self.block + 1, blocks)}/{blocks} · step {self.step + 1} · NFE {self.nfe} · "
-                      f"{share} · {elapsed:.1f}s · {self.committed / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
-        return Group(Text(self.header, style="bold"), body, footer)
+                      f"{share} · {elapsed:.1f}s · {answer / max(elapsed, 1e-9):.1f} tok/s", style="cyan")
+        return fit_frame(self.console, Text(self.header, style="bold"), body, footer, focus)
 
 
 class LiveCanvas(LiveView):
@@ -164,21 +182,24 @@ class LiveCanvas(LiveView):
                     break
                 self.finished.append(self.pieces(t))
 
+    def answer_tokens(self) -> int:
+        return self.committed if self.entropy is not None else written_before_end(self.tokens, self.stops)
+
     def render(self) -> Group:
-        max_lines = max(4, self.console.height - 5)
         body = self.finished
-        if body.plain.count("\n") > max_lines:         # show the tail that fits the terminal
+        if body.plain.count("\n") > self.console.height:   # only the tail can be in view: wrap no more
             cut = len(body.plain)
-            for _ in range(max_lines):
+            for _ in range(self.console.height):
                 cut = body.plain.rfind("\n", 0, cut)
             body = body[cut + 1:]
         body = body.copy()
-        start = self.block * self.block_len - self.block_offset
+        start, front = self.block * self.block_len - self.block_offset, None
         if start + self.block_len > 0 and start < self.gen_len and not self.ended:
             frontier = self.constrained
             for p in range(max(start, 0), min(start + self.block_len, self.gen_len)):
                 t = self.tokens[p]
                 if t is None:
+                    front = len(body) if front is None else front
                     body.append(MASK_GLYPH, style=FRONTIER_STYLE if frontier else "dim on grey15")
                     frontier = False
                 elif p in self.noise:
@@ -192,7 +213,7 @@ class LiveCanvas(LiveView):
             rest = self.gen_len - start - self.block_len
             if rest > 0:
                 body.append(f" ··· {rest} masked", style="dim")
-        return self.frame(body, -(-(self.gen_len + self.block_offset) // self.block_len))
+        return self.frame(body, -(-(self.gen_len + self.block_offset) // self.block_len), front)
 
 
 class InfillCanvas(LiveView):
@@ -202,11 +223,14 @@ class InfillCanvas(LiveView):
 
     def __init__(self, console: Console, tokenizer, header: str, ids: list[int], holes: list[tuple[int, int]],
                  block_len: int, stops: tuple[int, ...], fps: float = 10.0):
-        self.hole_at = {p for s, e in holes for p in range(s, e)}
+        self.holes, self.hole_at = holes, {p for s, e in holes for p in range(s, e)}
         super().__init__(console, tokenizer, header, stops, [None if p in self.hole_at else t for p, t in enumerate(ids)],
                          holes[0][0], fps)
         self.masked = sorted(self.hole_at)           # block b: masked[b * block_len:(b + 1) * block_len]
         self.block_len = block_len
+
+    def answer_tokens(self) -> int:
+        return sum(written_before_end(self.tokens[s:e], self.stops) for s, e in self.holes)
 
     def render(self) -> Group:
         body, focus = Text(), 0
@@ -222,13 +246,7 @@ class InfillCanvas(LiveView):
                 body.append(END_GLYPH, style="dim")
             else:
                 body.append(self.pieces(t), style=confidence_style(self.latest[p]) if p in self.latest else "")
-        lines = body.split("\n")
-        fit = max(4, self.console.height - 5)
-        if len(lines) > fit:                           # the lines around the active block
-            line = body.plain.count("\n", 0, focus)
-            first = max(0, min(line - fit // 3, len(lines) - fit))
-            body = Text("\n").join(lines[first:first + fit])
-        return self.frame(body, -(-len(self.masked) // self.block_len))
+        return self.frame(body, -(-len(self.masked) // self.block_len), focus)   # the lines around the active block
 
 
 class BlockStreamer:
@@ -264,53 +282,3 @@ class BlockStreamer:
             self.out.write(text[len(self.written):])
             self.written = text
             self.out.flush()
-
-
-def stats_line(result: Result) -> str:
-    return (f"{result.generated_tokens} tokens · {result.nfe} forwards · {result.tokens_per_forward:.2f} tok/forward · "
-            f"{result.tokens_per_second:.1f} tok/s · {result.seconds_total:.2f} s · "
-            f"peak {human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})")
-
-
-def _blocks(result: Result) -> int:
-    if result.holes:
-        return -(-sum(len(h) for h in result.holes[0]) // result.config.block_len)
-    return result.config.num_blocks
-
-
-def edits_text(result: Result) -> str:
-    cfg = result.config
-    per_block = result.edits / max(result.blocks_decoded, 1)
-    return (f"{result.edits} ({per_block:.1f} per block; edit threshold {cfg.edit_threshold:g}, "
-            f"at most {cfg.max_post_steps} edit-only rounds)")
-
-
-def stats_block(result: Result, info: dict, view_overhead: float | None = None) -> str:
-    cfg = result.config
-    rows = [
-        ("load time", f"{info.get('load_seconds', 0.0):.2f} s"),
-        ("first step", f"{result.seconds_first_step * 1000:.0f} ms (full-canvas forward)"),
-        ("decode time", f"{result.seconds_total:.2f} s"),
-        ("prompt tokens", str(sum(result.prompt_tokens))),
-        ("generated tokens", f"{result.generated_tokens} (answer, up to its end token)"),
-        ("forwards (NFE)", f"{result.nfe}, {result.tokens_per_forward:.2f} tokens each"),
-        ("throughput", f"{result.tokens_per_second:.1f} tokens/s"),
-        ("cache", f"{cfg.cache}, {human_bytes(result.cache_bytes)}"),
-        ("blocks", f"{result.blocks_decoded} of {_blocks(result)} of {cfg.block_len} tokens"
-                   + (" (over the holes' masks)" if result.holes else "")),
-        ("early stop", "yes" if result.early_stopped else "no"),
-        *([("token edits", edits_text(result))] if cfg.edit_threshold is not None else []),
-        ("device / dtype", f"{info.get('device')}" + (f" ({info['cpu_capability']}, {info['threads']} threads)"
-                                                      if "cpu_capability" in info else "")
-         + f" / {info.get('dtype')}" + (f" ({info['quantize']})" if info.get("quantize", "none") != "none" else "")
-         + (f" ({info['portable_4bit_layers']} layers on bitsandbytes' portable 4-bit kernel: shapes its bf16 CPU "
-            "kernel cannot take)" if info.get("portable_4bit_layers") else "")
-         + (" (bf16 emulated on this CPU: slow, fp32 is faster)" if info.get("bf16") == "emulated" else "")),
-        *([("dtype choice", info["dtype_choice"])] if info.get("dtype_choice") else []),   # --dtype auto's pick
-        ("peak memory", f"{human_bytes(result.peak_memory_bytes)} ({result.peak_memory_kind})"),
-    ]
-    if view_overhead is not None:
-        share = 100 * view_overhead / max(result.seconds_total, 1e-9)
-        rows.append(("view overhead", f"{view_overhead * 1000:.0f} ms ({share:.1f}% of decode)"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k + ':':<{width + 2}}{v}" for k, v in rows)
