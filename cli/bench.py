@@ -60,7 +60,7 @@ def list_configs(model: str | None, suite: str | None) -> None:
 def bench(
     configs: Annotated[Optional[list[str]], typer.Option("--configs", "-c", help="Rows to run, comma list (default: all; see --list).")] = None,
     profile: Annotated[Optional[list[str]], typer.Option("--profile", "-P", help="Add a profile as a row (repeatable).")] = None,
-    suite: Annotated[Optional[str], typer.Option("--suite", help="Run a suite's rows: accelerators (the vanilla baseline, Fast-dLLM, every accelerator alone and on Fast-dLLM; default gen_len 256,1024 and the math prompts; rows the model refuses are left out with the reason). -c picks among them.")] = None,
+    suite: Annotated[Optional[str], typer.Option("--suite", help="Run a suite's rows: paper (the Fast-dLLM paper's Table 1: baseline, parallel, parallel-factor, prefix, dual, dual+parallel, dual+factor; default gen_len 256,512) | accelerators (the vanilla baseline, Fast-dLLM, every accelerator alone and on Fast-dLLM; default gen_len 256,1024); both on the math prompts; rows the model refuses are left out with the reason. -c picks among them.")] = None,
     gen_len: Annotated[Optional[str], typer.Option("--gen-len", "-n", help="Generation lengths, comma list (default 256; a suite's own).")] = None,
     block_len: Annotated[Optional[str], typer.Option("--block-len", help="Block lengths, comma list (default: the model family's, 32 for LLaDA and Dream).")] = None,
     threshold: Annotated[Optional[str], typer.Option("--threshold", help="Thresholds for rows using the threshold rule, comma list.")] = None,

@@ -1,6 +1,6 @@
-"""`fastdllm eval`: task metrics beside speed for each profile, on lm-evaluation-harness
-(fastdllm/eval/tasks.py). Progress on stderr; results (table, Markdown, JSON, CSV) on stdout or in
-a file, rewritten as each (task, profile) finishes and kept when interrupted.
+"""`fastdllm eval`: task metrics beside speed for each profile or suite row (cli/eval_rows.py), on
+lm-evaluation-harness (fastdllm/eval/tasks.py). Progress on stderr; results (table, Markdown,
+JSON, CSV) on stdout or in a file, rewritten as each (task, row) finishes and kept when interrupted.
 
 Data parallel: under `torchrun` / `accelerate launch` (or `--num-processes N`, which starts
 torchrun's machinery) each process loads the model on its own device and takes its share of every
@@ -17,7 +17,7 @@ import typer
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError, UserError
 
-from . import parallel
+from . import eval_rows, parallel
 from .model import load_model
 from .options import MODEL_FLAGS, comma_names, decoding_options, model_placement
 from .results import check_writable, output_and_format
@@ -31,6 +31,8 @@ EXAMPLES = """Examples:
 
   fastdllm eval -m ~/models/LLaDA-8B-Instruct --tasks gsm8k --num-fewshot 5 --profiles baseline,default
 
+  fastdllm eval --tasks tiny-gsm --suite paper --gen-lens 256,512 --limit 20 --format md
+
   torchrun --nproc-per-node 8 -m fastdllm eval -m ~/models/LLaDA-8B-Instruct --tasks gsm8k --num-fewshot 5
 """
 
@@ -39,7 +41,9 @@ EXAMPLES = """Examples:
 @decoding_options
 def eval_(
     tasks: Annotated[list[str], typer.Option("--tasks", "-t", help="lm-eval task names, comma list (or repeated).")],
-    profiles_: Annotated[Optional[list[str]], typer.Option("--profiles", "-P", help="Profiles to compare, comma list; the first is the reference (default: the model's default profile).")] = None,
+    profiles_: Annotated[Optional[list[str]], typer.Option("--profiles", "-P", help="Profiles to compare, comma list; the first is the reference (default: the model's default profile; with --suite, after the suite's rows).")] = None,
+    suite: Annotated[Optional[str], typer.Option("--suite", help="Run a suite's rows, as `bench --suite` resolves them for the model: paper (the Fast-dLLM paper's Table 1: baseline, parallel, parallel-factor, prefix, dual, dual+parallel, dual+factor) | accelerators. The first row is the reference.")] = None,
+    gen_lens: Annotated[Optional[str], typer.Option("--gen-lens", help="Answer lengths, comma list (256,512): every row at each, replacing the tasks' max_gen_toks; rows named ROW@LEN, speed-ups against the first row at the same length.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="At most N documents per task.")] = None,
     num_fewshot: Annotated[Optional[int], typer.Option("--num-fewshot", help="Few-shot examples (default: the task's).")] = None,
     include_path: Annotated[Optional[list[Path]], typer.Option("--include-path", help="A folder of local task YAMLs (repeatable).")] = None,
@@ -58,15 +62,15 @@ def eval_(
     quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
     *, decode: dict,
 ):
-    """Evaluate profiles on lm-evaluation-harness tasks: each task's metric with its standard error
-    beside answer tokens/s, NFE per answer and tokens per forward, against the first profile.
-    Decoding flags (--threshold, --gen-len, ...) apply on top of every profile; a task's
-    max_gen_toks sets the canvas, else --gen-len / the profile's gen_len."""
+    """Evaluate profiles or a suite's rows on lm-evaluation-harness tasks: each task's metric with its
+    standard error beside answer tokens/s, NFE per answer and tokens per forward, against the first
+    row. Decoding flags (--threshold, --gen-len, ...) apply on top of every profile (a suite's rows
+    keep the cache and rule they are named for); --gen-lens sets the canvas of every task, else a
+    task's max_gen_toks, else --gen-len / the profile's gen_len."""
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")     # lm-eval's own bars; read when tqdm is first imported
     parallel.quiet_followers()
-    from fastdllm.decode import profiles
     from fastdllm.eval.format import FORMATS, SUFFIXES
 
     output, output_format = output_and_format(output, output_format, FORMATS)
@@ -80,6 +84,7 @@ def eval_(
             raise UsageError(f"{name} {value}: give at least {low}")
     if mc_num < 1 or mc_batch < 1 or mc_num % mc_batch:
         raise UsageError(f"--mc-num {mc_num} must be a positive multiple of --mc-batch {mc_batch}")
+    lengths = eval_rows.lengths(gen_lens)
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
     if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
         raise typer.Exit(parallel.launch(num_processes))
@@ -90,8 +95,10 @@ def eval_(
                         f"pip install 'fastdllm[eval]'") from None
     task_names = comma_names(tasks)
     model_dir = resolve_model_dir(model)
-    chosen = [profiles.find(p) for p in comma_names(profiles_) or [profiles.default_profile_for(model_dir)]]
-    configs = [(p.name, profiles.resolve(p, decode, model_dir)) for p in chosen]
+    # --suite and --profiles: the suite's rows, then the profiles, all against the suite's first row
+    plan = eval_rows.plan(model_dir, suite, comma_names(profiles_), decode, lengths)
+    for line in plan.notes:
+        err_console.print(f"note: {line}", style="yellow")
     manager = evaluate.task_manager(include_path or [], task_names)
     options = evaluate.Options(limit=limit, num_fewshot=num_fewshot, chat=chat, confirm_run_unsafe_code=unsafe,
                                batch_size=batch_size, mc_num=mc_num, mc_batch=mc_batch, check_greedy=check_greedy)
@@ -99,7 +106,10 @@ def eval_(
     lm = load_model(model_dir, **placement)
     if chat and not lm.has_chat_template:
         raise UserError(f"{lm.path.name} has no chat template: run without --chat")
-    err_console.print(f"eval: {len(task_names)} task(s) x {len(configs)} profile(s) on {lm.path.name}"
+    configs = plan.settings(lm, chat)
+    for line in plan.left_out:
+        err_console.print(f"left out: {line}", style="yellow")
+    err_console.print(f"eval: {len(task_names)} task(s) x {len(configs)} row(s) on {lm.path.name}"
                       + (f", {world.size} processes" if world.size > 1 else ""), style="dim")
     records, stopped = [], None
     try:

@@ -34,11 +34,12 @@ def invoke(*args):
 
 # --- sweep expansion -----------------------------------------------------------------------------
 
-def test_default_rows_are_the_documented_seven():
+def test_default_rows_are_the_documented_eight():
     cases = expand(pick_rows(None), Sweep(), environ=NO_ENV)
     got = {c.name: (c.cfg.cache, c.cfg.rule, c.cfg.total_steps if c.cfg.rule == "fixed" else None) for c in cases}
     assert got == {"baseline": ("none", "fixed", 256), "parallel": ("none", "threshold", None),
-                   "prefix": ("prefix", "fixed", 256), "dual": ("dual", "fixed", 256),
+                   "parallel-factor": ("none", "factor", None), "prefix": ("prefix", "fixed", 256),
+                   "dual": ("dual", "fixed", 256),
                    "prefix+parallel": ("prefix", "threshold", None), "dual+parallel": ("dual", "threshold", None),
                    "dual+factor": ("dual", "factor", None)}
     assert all(CONFIGS[name].doc for name in got)
@@ -49,16 +50,16 @@ def test_default_rows_are_the_documented_seven():
 def test_sweep_runs_every_combination():
     sweep = Sweep(gen_len=(32, 64), block_len=(8, 16), batch_size=(1, 2), threshold=(0.7, 0.9), factor=(0.5, 1.0, 1.5))
     cases = expand(pick_rows(None), sweep, environ=NO_ENV)
-    # per group: 3 fixed rows + 3 threshold rows x 2 thresholds + 1 factor row x 3 factors = 12
-    assert len(cases) == 8 * 12
+    # per group: 3 fixed rows + 3 threshold rows x 2 thresholds + 2 factor rows x 3 factors = 15
+    assert len(cases) == 8 * 15
     groups = Counter(c.group for c in cases)
     assert set(groups) == {(g, b, n) for g in (32, 64) for b in (8, 16) for n in (1, 2)}
-    assert set(groups.values()) == {12}
+    assert set(groups.values()) == {15}
     for group in groups:
         rows = [c for c in cases if c.group == group]
         assert rows[0].name == "baseline"                                # baseline runs first in its group
         assert Counter(c.cfg.threshold for c in rows if c.cfg.rule == "threshold") == {0.7: 3, 0.9: 3}
-        assert sorted(c.cfg.factor for c in rows if c.cfg.rule == "factor") == [0.5, 1.0, 1.5]
+        assert sorted(c.cfg.factor for c in rows if c.cfg.rule == "factor") == [0.5, 0.5, 1.0, 1.0, 1.5, 1.5]
     assert len(set(cases)) == len(cases)
     assert bench.count_runs(cases, n_prompts=4, repetitions=2, warmup=1) == 8 * 3 + sum(
         2 * (4 if c.batch_size == 1 else 2) for c in cases)   # 3 cache modes warmed per group

@@ -29,6 +29,8 @@ CONFIGS = {row.name: row for row in [
     Row("baseline", {"cache": "none", **ONE_PER_STEP},
         "no cache, one token per step (the LLaDA schedule): the reference for speedup and agreement"),
     Row("parallel", {"cache": "none", **PARALLEL}, "no cache, commit every token with confidence >= 0.9"),
+    Row("parallel-factor", {"cache": "none", "rule": "factor", "factor": 1.0},
+        "no cache, factor rule f=1.0 (the paper's \"parallel (factor)\" row)"),
     Row("prefix", {"cache": "prefix", **ONE_PER_STEP}, "PrefixCache, one token per step"),
     Row("dual", {"cache": "dual", **ONE_PER_STEP}, "DualCache, one token per step"),
     Row("prefix+parallel", {"cache": "prefix", **PARALLEL}, "PrefixCache + threshold 0.9"),

@@ -48,10 +48,15 @@ ACCELERATORS = [
     ("dual+klass", "klass", {"cache": "dual"},
      "KLASS on DualCache (a block's first step has no previous distribution: never stable)"),
 ]
-SUITES = {"accelerators": ACCELERATORS}
+# The Fast-dLLM paper's Table 1 (LLaDA and Dream on GSM8K, 256 and 512 tokens): its rows are the
+# built-in table's, so that bench and eval run the same configurations under the same names
+PAPER = [(name, None, {}, "") for name in
+         ("baseline", "parallel", "parallel-factor", "prefix", "dual", "dual+parallel", "dual+factor")]
+SUITES = {"paper": PAPER, "accelerators": ACCELERATORS}
 # what a suite runs unless told otherwise (section 8: GSM8K-style prompts, so that Prophet's anchor
 # and the quality check apply; the short and the long answer where DPad is meant to matter)
-SUITE_DEFAULTS = {"accelerators": {"gen_len": "256,1024", "prompt_set": "math"}}
+SUITE_DEFAULTS = {"paper": {"gen_len": "256,512", "prompt_set": "math"},
+                  "accelerators": {"gen_len": "256,1024", "prompt_set": "math"}}
 
 
 def suite_table(name: str, model_dir: Path | None = None) -> tuple[dict[str, Row], list[str]]:

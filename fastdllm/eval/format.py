@@ -45,7 +45,9 @@ def caption(records: list[dict]) -> str:
             f"torch {r['torch']}" + (f", CUDA {r['cuda']}" if r["cuda"] else "") + f", lm-eval {r['lm_eval']}, "
             f"fastdllm {r['fastdllm']}" + (f" · {r['processes']} processes" if r.get("processes", 1) > 1 else "")
             + " · tok/s: answer tokens (up to the end token) per second of decoding"
-            + (" (the slowest process's)" if r.get("processes", 1) > 1 else "") + "; change and speed against the first profile")
+            + (" (the slowest process's)" if r.get("processes", 1) > 1 else "")
+            + "; change and speed (the speed-up: tok/s over the reference's) against the task's first row"
+            + (" at the same gen_len (ROW@LEN)" if r.get("gen_len") else ""))
 
 
 def table(records: list[dict]):

@@ -1,8 +1,9 @@
 """An lm-evaluation-harness model backed by the fastdllm engine, registered as "fastdllm".
 
 - generate_until: requests with the same generation settings are decoded in batches (left
-  padding, engine.run); `max_gen_toks` is the canvas, rounded up to whole blocks, and the answer
-  is cut there, at its end token and at the first `until` string.
+  padding, engine.run); `max_gen_toks` (the request's, or the one given to the model, which
+  replaces it) is the canvas, rounded up to whole blocks, and the answer is cut there, at its end
+  token and at the first `until` string.
 - loglikelihood (bidirectional families): the Monte Carlo estimate of LLaDA's own evaluation
   (ML-GSAI/LLaDA eval_llada.py), see `Likelihood`; block-causal families refuse it in one line.
 - `stats` counts what the answers cost: answer tokens (up to the end token, never the prompt),
@@ -59,10 +60,13 @@ class FastdllmLM(LM):
     def __init__(self, pretrained: str | None = None, profile: str | None = None, dtype: str = "auto",
                  device: str = "auto", quantize: str = "none", batch_size: int | str = 1, mc_num: int = 128,
                  mc_batch: int = 32, check_greedy: bool = True, lm=None, cfg: DecodeConfig | None = None,
-                 max_batch_size: int | None = None, world: distributed.World | None = None, **decode):
+                 max_batch_size: int | None = None, world: distributed.World | None = None,
+                 max_gen_toks: int | str | None = None, **decode):
         """From lm-eval: `pretrained` (a checkpoint directory; default the built-in model), `profile`
         and any decoding setting (threshold=0.9, cache=dual, ...). From `fastdllm eval`: a loaded
-        model `lm` and its resolved `cfg`. (`max_batch_size`, which lm-eval may pass, is unused.)"""
+        model `lm` and its resolved `cfg`. `max_gen_toks` replaces every request's own (`eval
+        --gen-lens`: one answer length for every task). (`max_batch_size`, which lm-eval may pass,
+        is unused.)"""
         super().__init__()
         self.world = world or distributed.from_env()
         self._rank, self._world_size = self.world.rank, self.world.size
@@ -86,6 +90,7 @@ class FastdllmLM(LM):
             if slow := bf16_load_note(lm):
                 print(f"note: {slow}", file=sys.stderr)
         self.lm, self.cfg = lm, cfg or DecodeConfig()
+        self.max_gen_toks = int(max_gen_toks) if max_gen_toks is not None else None
         self.rows = int(batch_size) if str(batch_size).isdigit() else 1
         self.likelihood = Likelihood(lm, mc_num=int(mc_num), mc_batch=int(mc_batch), seed=self.cfg.seed,
                                      check_greedy=str(check_greedy).lower() not in ("false", "0", "no"))
@@ -181,7 +186,8 @@ class FastdllmLM(LM):
         kwargs = dict(kwargs or {})
         until = kwargs.pop("until", None)
         until = tuple([until] if isinstance(until, str) else until or ())
-        limit = int(kwargs.pop("max_gen_toks", self.cfg.gen_len))
+        asked = int(kwargs.pop("max_gen_toks", self.cfg.gen_len))
+        limit = self.max_gen_toks or asked
         sample = bool(kwargs.pop("do_sample", False))
         temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
         for key, off in SAMPLING_OFF.items():

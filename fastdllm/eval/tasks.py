@@ -102,25 +102,35 @@ def quiet() -> None:
         pass
 
 
-def run(lm, tasks: list[str], profiles: list[tuple[str, DecodeConfig]], manager, options: Options,
+@dataclass(frozen=True)
+class Setting:
+    """A row of the results: a profile or a bench suite's row, its resolved config and, from
+    `--gen-lens`, the answer length that replaces every task's max_gen_toks (None: the task's own)."""
+    name: str
+    cfg: DecodeConfig
+    gen_len: int | None = None
+
+
+def run(lm, tasks: list[str], settings: list[Setting], manager, options: Options,
         progress: Callable[[str, int, int], None] | None = None,
         world: distributed.World = distributed.World()) -> Iterator[dict]:
-    """One record per (task, profile), task by task, profiles in the order given (on rank 0)."""
+    """One record per (task, setting), task by task, settings in the order given (on rank 0)."""
     for task in tasks:
-        for name, cfg in profiles:
-            r = evaluate_one(lm, task, name, cfg, manager, options, progress, world)
+        for s in settings:
+            r = evaluate_one(lm, task, s.name, s.cfg, manager, options, progress, world, gen_len=s.gen_len)
             if r is not None:
                 yield r
 
 
 def evaluate_one(lm, task: str, profile: str, cfg: DecodeConfig, manager, options: Options, progress=None,
-                 world: distributed.World = distributed.World()) -> dict | None:
+                 world: distributed.World = distributed.World(), gen_len: int | None = None) -> dict | None:
     from lm_eval import simple_evaluate
 
     from .harness import FastdllmLM
 
     model = FastdllmLM(lm=lm, cfg=cfg, batch_size=options.batch_size, mc_num=options.mc_num,
-                       mc_batch=options.mc_batch, check_greedy=options.check_greedy, world=world)
+                       mc_batch=options.mc_batch, check_greedy=options.check_greedy, world=world,
+                       max_gen_toks=gen_len)
     model.task = task
     if progress:
         model.progress = lambda done, total: progress(f"{task} · {profile}", done, total)
@@ -139,7 +149,7 @@ def evaluate_one(lm, task: str, profile: str, cfg: DecodeConfig, manager, option
         return None
     stats, wall, ranks = merged(shares)
     r = record(task, profile, cfg, out, stats, wall, lm, options)
-    return {**r, "processes": world.size, "ranks": ranks}
+    return {**r, "gen_len": gen_len, "processes": world.size, "ranks": ranks}
 
 
 def merged(shares: list) -> tuple:
@@ -222,11 +232,12 @@ def record(task: str, profile: str, cfg: DecodeConfig, out: dict, stats, wall: f
 
 
 def compare(records: list[dict]) -> list[dict]:
-    """Each record's change against the first profile's record of its task: the metric's
-    difference and the tokens/s ratio."""
-    first: dict[str, dict] = {}
+    """Each record's change against the first record of its task at the same answer length
+    (`gen_len`, from --gen-lens; None: the task's own): the metric's difference and the tokens/s
+    ratio (the speed-up)."""
+    first: dict[tuple, dict] = {}
     for r in records:
-        base = first.setdefault(r["task"], r)
+        base = first.setdefault((r["task"], r.get("gen_len")), r)
         if base is r:
             continue
         speed = base["tokens_per_second"]
