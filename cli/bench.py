@@ -14,6 +14,7 @@ import typer
 
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError
+from fastdllm.units import plural
 
 from . import parallel
 from .constraint_flags import compile_for, spec_from
@@ -169,11 +170,11 @@ def bench(
     quantized = placement["quantize"] != "none"
     total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup, share) + (
         runner.count_runs(cases, len(chosen.prompts), 1, 0, share) if quantized else 0)
-    err_console.print(f"bench: {len(cases)} rows x {len(chosen.prompts)} {chosen.name} prompts "
-                      f"({total} runs{f' on rank 0 of {world.size}' if world.size > 1 else ''}) on {lm.path.name}",
+    err_console.print(f"bench: {plural(len(cases), 'row')} x {plural(len(chosen.prompts), chosen.name + ' prompt')} "
+                      f"({plural(total, 'run')}{f' on rank 0 of {world.size}' if world.size > 1 else ''}) on {lm.path.name}",
                       style="dim")
     try:
-        with RunProgress(total) as tick:
+        with RunProgress(total, len(chosen.prompts), warmup, share) as tick:
             parts = runner.measure_share(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
                                          on_run=tick, share=share, constraint=constraint)
             for case in cases:                           # in step: every rank's share of a row, then the next
@@ -197,7 +198,7 @@ def bench(
         stopped = e
         if measured:
             what = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            err_console.print(f"{what}: keeping the {len(measured)} of {len(cases)} rows finished", style="yellow")
+            err_console.print(f"{what}: keeping the {len(measured)} of {plural(len(cases), 'row')} finished", style="yellow")
     records = runner.compare(measured)
     if records:
         _emit(records, fmt, output, plot, left_out)
@@ -231,9 +232,10 @@ def _unquantized_answers(model_dir, placement: dict, cases, chosen, chat, world,
 
 
 class RunProgress:
-    """A rich progress bar with ETA on a terminal (stderr); elsewhere one line per finished row."""
+    """A rich progress bar with ETA on a terminal (stderr); elsewhere one line as each row starts a
+    warm-up or a repetition, numbered by the runs it makes: [3-4/10] (prompts x rows x rounds)."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, n_prompts: int, warmup: int, share: tuple[int, int] = (0, 1)):
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -247,6 +249,7 @@ class RunProgress:
                              TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                              console=err_console, transient=True) if err_console.is_terminal else None)
         self.total, self.done, self.last = total, 0, None
+        self.n_prompts, self.warmup, self.share = n_prompts, warmup, share
 
     def __enter__(self):
         if self.bar:
@@ -260,17 +263,22 @@ class RunProgress:
         return False
 
     def tick(self, case, what: str) -> None:
+        """A run of `case` has finished; `what`: "warm-up" or "rep R/N" (runner.measure_share)."""
+        from fastdllm.bench.runner import runs_per_round
         from fastdllm.decode.rules import rule_fields, rule_text
 
         self.done += 1
         c = case.cfg
         label = f"{case.name} {rule_text(rule_fields(c))} · gen {c.gen_len} · block {c.block_len} · batch {case.batch_size}"
-        self.total = max(self.total, self.done)          # an auto round beyond the planned ones
+        runs = self.warmup if what == "warm-up" else runs_per_round(case, self.n_prompts, self.share)
+        last = self.done + max(runs, 1) - 1 if (label, what) != self.last else self.done
+        self.total = max(self.total, last)               # an auto round beyond the planned ones
         if self.bar:
             self.bar.update(self.task, advance=1, total=self.total, description=f"{label} · {what}")
-        elif label != self.last:
-            err_console.print(f"[{self.done}/{self.total}] {label}", style="dim")
-            self.last = label
+        elif (label, what) != self.last:                 # the first run of this row's warm-up or repetition
+            runs = f"{self.done}" if last == self.done else f"{self.done}-{last}"
+            err_console.print(f"[{runs}/{self.total}] {label} · {what}", style="dim")
+            self.last = (label, what)
 
 
 def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None, left_out: list[str]) -> None:

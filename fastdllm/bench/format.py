@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..decode.rules import RULES, rule_text
 from ..errors import UsageError, UserError
-from ..units import human_bytes
+from ..units import human_bytes, plural
 from .cases import SPREAD_LIMIT
 
 FORMATS = ("table", "md", "json", "jsonl", "csv", "html")
@@ -71,6 +71,7 @@ COLUMNS = [
     ("NFE", lambda r: str(r["nfe"]), False),
     ("edits/block", lambda r: None if r.get("edits_per_block") is None else f"{r['edits_per_block']:.1f}", False),
     ("tok/fwd", lambda r: f"{r['tokens_per_forward']:.2f}", False),
+    ("commit/fwd", lambda r: None if r.get("committed_per_forward") is None else f"{r['committed_per_forward']:.2f}", False),
     ("answer", lambda r: None if r.get("answer_tokens") is None else f"{r['answer_tokens']:.1f}", False),
     ("pos/fwd", lambda r: None if not r.get("positions_per_forward") else f"{r['positions_per_forward']:.0f}", False),
     ("complete", lambda r: None if r.get("constraint_complete") is None else "{}/{}".format(*r["constraint_complete"]), False),
@@ -105,7 +106,7 @@ def caption(records: list[dict]) -> str:
     r = records[0]
     parts = [f"{r['model_name']} ({r['family']}, {r['device']}, {r['dtype']}"
              + (f", {r['quantize']}" if r.get("quantize") not in (None, "none") else "") + ")",
-             f"{r['n_prompts']} {r['prompt_set']} prompts" + (", infilling" if r.get("infill") and r["prompt_set"] != "infill" else "" if r["chat_template"] else ", raw")]
+             plural(r["n_prompts"], f"{r['prompt_set']} prompt") + (", infilling" if r.get("infill") and r["prompt_set"] != "infill" else "" if r["chat_template"] else ", raw")]
     for key, name in (("gen_len", "gen_len"), ("block_len", "block_len"), ("batch_size", "batch")):
         if len({x[key] for x in records}) == 1:
             parts.append(f"{name} {r[key]}")
@@ -116,6 +117,9 @@ def caption(records: list[dict]) -> str:
                     + (" of the repetitions it keeps (of 3 or more, the one farthest from it left out)" if high > 2 else "")
                     if high > 1 else "")
                  + f", {r['warmup']} warm-up")
+    if any(x.get("committed_per_forward") is not None for x in records):     # records of this version
+        parts.append("tok/fwd: answer tokens (up to the end token) per forward; commit/fwd: positions committed "
+                     "per forward, end padding included")
     if any(x.get("positions_per_forward") for x in records):
         parts.append("answer: tokens per answer, up to its end token; pos/fwd: canvas positions a forward runs (no cache: "
                      "the whole canvas, prompt included; prefix: the block and all after it; dual: the block; every "

@@ -44,7 +44,7 @@ def caption(records: list[dict]) -> str:
             f"few-shot {shots} · limit {r['limit'] or 'none'} · chat template {'on' if r['chat'] else 'off'} · "
             f"torch {r['torch']}" + (f", CUDA {r['cuda']}" if r["cuda"] else "") + f", lm-eval {r['lm_eval']}, "
             f"fastdllm {r['fastdllm']}" + (f" · {r['processes']} processes" if r.get("processes", 1) > 1 else "")
-            + " · tok/s: answer tokens (up to the end token) per second of decoding"
+            + " · tok/s: answer tokens (up to the end token) per second of decoding; tok/fwd: answer tokens per forward"
             + (" (the slowest process's)" if r.get("processes", 1) > 1 else "")
             + "; change and speed (the speed-up: tok/s over the reference's) against the task's first row"
             + (" at the same gen_len (ROW@LEN)" if r.get("gen_len") else ""))

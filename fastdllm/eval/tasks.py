@@ -221,7 +221,9 @@ def record(task: str, profile: str, cfg: DecodeConfig, out: dict, stats, wall: f
         "answers": stats.answers, "answer_tokens": stats.answer_tokens,
         "tokens_per_second": round(stats.answer_tokens / stats.seconds, 3) if stats.row_forwards else None,
         "nfe_per_answer": round(stats.answer_forwards / stats.answers, 2) if stats.answers else None,
-        "tokens_per_forward": round(stats.committed / stats.row_forwards, 3) if stats.row_forwards else None,
+        # answer tokens per forward of a row; beside them, positions committed (end padding included)
+        "tokens_per_forward": round(stats.answer_tokens / stats.row_forwards, 3) if stats.row_forwards else None,
+        "committed_per_forward": round(stats.committed / stats.row_forwards, 3) if stats.row_forwards else None,
         "seconds": round(wall, 2), "decode_seconds": round(stats.seconds, 4),   # 4: tokens/s reproducible from it
         "limit": options.limit, "num_fewshot": options.num_fewshot, "chat": options.chat,
         "config": cfg.to_dict(), "model": info.get("path"), "family": info.get("family"),
