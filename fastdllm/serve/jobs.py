@@ -38,6 +38,12 @@ class Finished:
 
     @property
     def tokens_per_forward(self) -> float:
+        """Answer tokens per forward (the headline figure)."""
+        return self.completion_tokens / max(self.nfe, 1)
+
+    @property
+    def committed_per_forward(self) -> float:
+        """Positions committed per forward, the end padding after the answer included."""
         return self.committed / max(self.nfe, 1)
 
 

@@ -19,8 +19,8 @@ def usage(f: Finished) -> dict:
     positions committed per forward (the end padding after the answer included)."""
     return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
             "total_tokens": f.prompt_tokens + f.completion_tokens, "nfe": f.nfe,
-            "tokens_per_forward": round(f.completion_tokens / max(f.nfe, 1), 4),
-            "committed_per_forward": round(f.committed / max(f.nfe, 1), 4)}
+            "tokens_per_forward": round(f.tokens_per_forward, 4),
+            "committed_per_forward": round(f.committed_per_forward, 4)}
 
 
 def details(f: Finished, prepared: Prepared) -> dict:
