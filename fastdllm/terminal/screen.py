@@ -35,7 +35,16 @@ def fit_frame(console: Console, header: Text, body: Text, footer: Text, focus: i
     if len(lines) > room:
         first = len(lines) - room
         if focus is not None:
-            line = len(Text(body.plain[:focus]).wrap(console, width, overflow="fold")) - 1
-            first = min(first, max(0, line - room // 3))
+            first = min(first, max(0, line_of(console, body, len(lines), focus) - room // 3))
         body = Text("\n").join(lines[first:first + room])
     return Group(wrapping(header), wrapping(body), wrapping(footer))
+
+
+def line_of(console: Console, body: Text, lines: int, focus: int) -> int:
+    """The wrapped line (of `lines`) of `body` that holds character `focus`, found by wrapping the
+    shorter side of it alone (from the end it can be one line off: the third of a screen shown
+    above the focus absorbs that)."""
+    before, after = body.plain[:focus], body.plain[focus:]
+    if len(before) <= len(after):
+        return len(Text(before).wrap(console, console.width, overflow="fold")) - 1
+    return lines - len(Text(after).wrap(console, console.width, overflow="fold"))
