@@ -163,7 +163,7 @@ def test_format_from_flag_or_suffix(tmp_path):
     assert bench_format.format_for(None, None) == "table"
     assert bench_format.format_for(None, tmp_path / "r.csv") == "csv"
     assert bench_format.format_for("md", tmp_path / "r.csv") == "md"
-    with pytest.raises(UsageError, match="-o xml"):
+    with pytest.raises(UsageError, match="--format xml"):
         bench_format.format_for("xml", None)
     with pytest.raises(UsageError, match="suffix"):
         bench_format.format_for(None, tmp_path / "r.xlsx")
