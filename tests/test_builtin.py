@@ -57,3 +57,17 @@ def test_generate_uses_it_by_default_with_its_model_defaults():
 # The first tokens of the greedy answer to PROMPT (gen_len 64, block 32, DualCache, threshold 0.9),
 # recorded from the shipped checkpoint; they change only when the checkpoint or the decoding does.
 EXPECTED_START: list[int] = [264, 388, 56, 755, 290, 277, 704, 391]
+
+
+def test_each_builtin_model_is_found_by_name_and_listed():
+    from fastdllm.checkpoints.builtin import NAMES, builtin_models
+    from fastdllm.checkpoints.locate import resolve_model_dir
+    from fastdllm.checkpoints.store import local_models
+
+    installed = builtin_models()
+    assert installed and installed[0] == builtin_model_path()          # the default comes first
+    for path in installed:
+        assert path.name in NAMES and resolve_model_dir(path.name) == path
+    listed = {m.name for m in local_models() if m.where == "built-in"}
+    assert listed == {p.name for p in installed}
+    assert builtin_model_path("no-such-model") is None

@@ -26,6 +26,8 @@ def resolve_model_dir(spec: str | None) -> Path:
     path = Path(spec).expanduser()
     if path.exists() or spec.startswith((".", "/", "~")):
         return path                                   # loading reports a missing/malformed directory
+    if (builtin := builtin_model_path(spec)) is not None:
+        return builtin                                # -m tiny-code: a built-in model by name
     if catalog.is_short_name(spec):
         entry = catalog.find(spec)                    # an unknown name: one line with the close ones
         return local_copy(entry.hub, entry.revision) or _download(entry.hub, entry.revision)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import UsageError, UserError
 from . import catalog
-from .builtin import builtin_model_path
+from .builtin import builtin_models
 from .locate import hub_settings, is_complete
 
 
@@ -36,8 +36,7 @@ def models_dir(given: str | Path | None = None) -> Path | None:
 
 def local_models(models_folder: str | Path | None = None) -> list[LocalModel]:
     found = []
-    builtin = builtin_model_path()
-    if builtin is not None:
+    for builtin in builtin_models():
         found.append(_describe(builtin, "built-in", name=builtin.name, remove_root=None))
     found.extend(_hf_cache())
     folder = models_dir(models_folder)
