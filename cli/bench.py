@@ -68,7 +68,7 @@ def bench(
     factor: Annotated[Optional[str], typer.Option("--factor", help="Factors for rows using the factor rule, comma list.")] = None,
     batch_size: Annotated[str, typer.Option("--batch-size", "-b", help="Prompts decoded together, comma list.")] = "1",
     early_stop: Annotated[Optional[bool], typer.Option("--early-stop/--no-early-stop", help="Stop after the answer ends (default: on). Off decodes the whole canvas, as the paper's measurements do.")] = None,
-    prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Built-in prompts: code | math | chat | infill (default: chat if the model has a chat template, else code). infill: prefix/suffix pairs from the built-in model's held-out sources, the answer decoded between them.")] = None,
+    prompt_set: Annotated[Optional[str], typer.Option("--prompt-set", help="Built-in prompts: code | math | chat | infill | tasks (default: the set the model declares, as the built-in model declares its graded tasks; else chat if the model has a chat template, else code). tasks: held-out word problems and function tasks, graded. infill: prefix/suffix pairs from the built-in model's held-out sources, the answer decoded between them.")] = None,
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Prompts file: JSONL with a \"prompt\" field (and a \"suffix\" on every line: infilling), or one prompt per line.")] = None,
     n_prompts: Annotated[Optional[int], typer.Option("--n-prompts", help=f"Use the first N prompts (default {DEFAULT_N_PROMPTS}; a --prompts file: all).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--raw", help="Apply the chat template (default: if the model has one).")] = None,
@@ -155,7 +155,7 @@ def bench(
     lm = load_model(model_dir, **placement)
     constraint = compile_for(spec, lm)
     if chosen is None:
-        chosen = prompts.builtin("chat" if lm.has_chat_template and chat is not False else "code").take(n)
+        chosen = prompts.builtin(prompts.default_set(model_dir, lm.has_chat_template and chat is not False)).take(n)
     if suite:                                            # and so is one the model refuses
         cases, refused = bench_suite.applicable(lm, cases, chosen, chat)
         left_out += refused

@@ -1,6 +1,6 @@
 """The built-in lm-eval tasks (fastdllm/eval/builtin_tasks/): found without --include-path from any
 folder, their data as the generators make it, gsm8k-style answer extraction, and pass@1's guarded
-runner (fastdllm/eval/code_execution.py)."""
+runner (fastdllm/code_execution.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from fastdllm.eval.builtin_tasks import FOLDER, hooks
-from fastdllm.eval.code_execution import passes
+from fastdllm.code_execution import passes
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["tiny-gsm", "tiny-code", "tiny-gsm-others"]

@@ -5,6 +5,9 @@
     math   word problems in a two-shot "Question/Answer ... The answer is N." format;
            quality = share whose first "The answer is N" (else the last number) is correct
     chat   short instructions; no quality signal
+    tasks  the built-in model's graded tasks, alternating: held-out word problems (tiny-gsm, the
+           "Question: ...\nAnswer:" prompt) and function tasks (tiny-code); quality = share right
+           (the number after `####`; the body passing the task's tests in a guarded child process)
     infill prefix/suffix pairs cut from the built-in model's held-out stdlib modules (infilling: the
            answer is decoded between them); quality = share where prefix + answer + suffix parses
 
@@ -117,6 +120,30 @@ def is_correct(prompt: str, completion: str, reference=None) -> bool:
     return final_number(completion) == reference
 
 
+TASKS_DIR = Path(__file__).resolve().parents[1] / "eval" / "builtin_tasks"   # the graded tasks' data
+
+
+def tasks_set(n: int = 8) -> PromptSet:
+    """n word problems and n function tasks from the built-in graded tasks, alternating."""
+    read = lambda name: [json.loads(line) for line in (TASKS_DIR / name).read_text().splitlines()[:n]]
+    prompts, references = [], []
+    for problem, task in zip(read("tiny_gsm.jsonl"), read("tiny_code.jsonl")):
+        prompts += [f"Question: {problem['question']}\nAnswer:", task["prompt"]]
+        references += [int(problem["target"]), task]
+    return PromptSet("tasks", prompts, references=references, quality_metric="right", check=task_passes)
+
+
+def task_passes(prompt: str, completion: str, reference=None) -> bool:
+    """A word problem: the number after `####` is the target; a function task: its tests pass."""
+    if isinstance(reference, int):
+        found = re.search(r"####\s*\$?(-?[\d,]+)", completion)
+        return found is not None and found.group(1).replace(",", "") == str(reference)
+    from ..code_execution import passes
+
+    program = prompt + completion + "\n" + reference["test"] + f"\ncheck({reference['entry_point']})\n"
+    return passes(program, timeout=5.0)[0]
+
+
 def in_place(prefix: str, fill: str, suffix: str) -> str:
     """The fill followed by its suffix. A hole cut between whole lines (the prefix ends a line, the
     suffix starts one) is filled with whole lines: trailing spaces dropped and a final newline added
@@ -202,7 +229,18 @@ SETS = {
                       references=[a for _, a in _MATH], quality_metric="correct", check=is_correct),
     "chat": PromptSet("chat", CHAT),
     "infill": infill_set,                 # built when first asked for: it reads the stdlib
+    "tasks": tasks_set,                   # ... and this one the graded tasks' files
 }
+
+
+def default_set(model_dir: Path, chat: bool) -> str:
+    """The set a model declares (generation_config.json's `fastdllm_prompt_set`: the built-in
+    model's graded tasks), else chat prompts for a chat model, else code."""
+    try:
+        declared = json.loads((Path(model_dir) / "generation_config.json").read_text()).get("fastdllm_prompt_set")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    return declared if declared in SETS else "chat" if chat else "code"
 
 
 def builtin(name: str) -> PromptSet:

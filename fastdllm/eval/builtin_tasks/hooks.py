@@ -9,7 +9,7 @@ as `fastdllm.eval.builtin_tasks.hooks`), so it imports fastdllm by absolute name
   number after `####`) and flexible-extract (the last number in the answer), with commas, `$` and
   a trailing period removed; lm-eval's exact_match then compares the number with `target`.
 - code_results: pass@1 of one completion (prompt + body + the task's `check`), run by
-  fastdllm.eval.code_execution.passes.
+  fastdllm.code_execution.passes.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def program(doc: dict, completion: str) -> str:
 
 
 def code_results(doc: dict, results: list[str]) -> dict[str, float]:
-    from fastdllm.eval.code_execution import passes
+    from fastdllm.code_execution import passes
 
     passed, _ = passes(program(doc, results[0]), timeout=CODE_TIMEOUT)
     return {"pass@1": float(passed)}
