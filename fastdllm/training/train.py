@@ -218,6 +218,8 @@ def export(cfg: TrainConfig, model: LLaDAModelLM, state: dict, tok, ids: dict[st
                   "pad_token_id": ids[tokenizer.EOS], "mask_token_id": ids[tokenizer.MASK],
                   # fastdllm's model-defaults layer: the model was trained on rows of seq_len tokens
                   "fastdllm": {"gen_len": cfg.gen_len or cfg.seq_len // 2}}
+    if cfg.recipe != "stdlib":                  # bench's default prompts: the graded tasks it was trained for
+        gen_config["fastdllm_prompt_set"] = "tasks"
     (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
     record = {k: v for k, v in state.items()}
     record["train_config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
