@@ -17,6 +17,17 @@ DEBUG = {"on": bool(os.environ.get("FASTDLLM_DEBUG"))}
 
 DEBUG_FLAG = {"debug": (bool, typer.Option("--debug", help="Show Python tracebacks."))}
 
+# the modules of each optional extra (pyproject.toml): a command that meets one missing names its extra
+EXTRAS = {"lm_eval": "eval", "datasets": "eval", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
+          "matplotlib": "plot", "llguidance": "structured", "bitsandbytes": "quant"}
+
+
+def missing_extra(e: ModuleNotFoundError, command: str) -> str | None:
+    """The one line for a module of an optional extra that is not installed, else None (a bug)."""
+    module = (e.name or "").partition(".")[0]
+    extra = EXTRAS.get(module)
+    return extra and f"fastdllm {command} needs {module}, from the `{extra}` extra: pip install 'fastdllm[{extra}]'"
+
 
 def user_errors(func):
     """One line on stderr and an exit code for user mistakes; 130 on Ctrl+C; tracebacks with --debug
@@ -36,5 +47,11 @@ def user_errors(func):
                 raise
             err_console.print("interrupted", style="yellow")
             raise typer.Exit(130) from None
+        except ModuleNotFoundError as e:
+            line = missing_extra(e, func.__name__.rstrip("_"))
+            if line is None or DEBUG["on"]:
+                raise
+            err_console.print(Text("error: ", style="bold red") + Text(line))
+            raise typer.Exit(1) from None
 
     return with_options(func, wrapper, DEBUG_FLAG)

@@ -218,7 +218,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+        raise UserError("--plot needs matplotlib, from the `plot` extra: pip install 'fastdllm[plot]'") from None
 
 
 def plot(records: list[dict], path: Path) -> None:

@@ -180,6 +180,10 @@ def explained(e: Exception, task: str) -> Exception:
     if kind in HUB_ERRORS or isinstance(e, ConnectionError):
         return UserError(f"task {task}: its data comes from the Hugging Face hub, which cannot be reached ({kind}); "
                          f"copy the data and give the task as a local YAML with --include-path DIR")
+    if isinstance(e, FileNotFoundError):           # datasets: "Unable to find '/abs/path/data.jsonl'"
+        return UserError(f"task {task}: its data cannot be found: {e} (a task YAML's data_files are read from "
+                         f"the current folder: give an absolute path, or load them beside the YAML as "
+                         f"examples/eval/hooks.py does)")
     text = str(e)
     if "unsafe" in text and "confirm_run_unsafe_code" in text:
         return UserError(f"task {task} runs the code the model writes: allow it with --confirm-run-unsafe-code "

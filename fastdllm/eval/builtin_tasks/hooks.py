@@ -4,7 +4,8 @@ lm-eval loads this file by its path, beside the YAML that names it, as a module 
 as `fastdllm.eval.builtin_tasks.hooks`), so it imports fastdllm by absolute names only.
 
 - load_docs: the task's JSONL file, found beside this file (lm-eval's `dataset_path: json` reads
-  `data_files` relative to the current directory; this works from anywhere).
+  `data_files` relative to the current directory; this works from anywhere); read_docs: the same
+  for a local task's own hooks.py (examples/eval/hooks.py).
 - strict_numbers / flexible_numbers: lm-eval filters that grade as gsm8k's strict-match (the
   number after `####`) and flexible-extract (the last number in the answer), with commas, `$` and
   a trailing period removed; lm-eval's exact_match then compares the number with `target`.
@@ -29,14 +30,19 @@ CODE_TIMEOUT = 5.0                          # seconds per program; the reference
 def load_docs(data_file: str, **_metadata):
     """{"test": the rows of `data_file`} as lm-eval's `custom_dataset` hook wants (it passes the
     task's metadata and dataset_kwargs as keywords)."""
+    return read_docs(HERE / data_file, "the built-in task's data", "(scripts/make_builtin_tasks.py writes "
+                     "tiny_gsm.jsonl and tiny_code.jsonl)")
+
+
+def read_docs(path: Path, what: str = "the task's data", remedy: str = ""):
+    """{"test": the rows of the JSONL file at `path`}; a missing file is one line naming it (a local
+    task's hooks.py calls this with the path beside its YAML: examples/eval/hooks.py)."""
     import datasets
 
     from fastdllm.errors import UserError
 
-    path = HERE / data_file
     if not path.is_file():
-        raise UserError(f"the built-in task's data {path} is missing (scripts/make_builtin_tasks.py writes "
-                        f"tiny_gsm.jsonl and tiny_code.jsonl)")
+        raise UserError(f"{what} {path} is missing" + (f" {remedy}" if remedy else ""))
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
