@@ -1,7 +1,7 @@
 """A stand-in for the Hugging Face hub on 127.0.0.1, in the hub's API layout, so that `pull` runs
 huggingface_hub's real download code against it (HF_ENDPOINT): repo info, the tree listing with
 LFS sha256s, and `resolve` with HEAD metadata and Range requests. It records every request, and
-can serve a file's bytes corrupted."""
+can serve a file's bytes corrupted, cut off, slowly, or not at all."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -30,6 +31,9 @@ class Hub:
     corrupt: set[str] = field(default_factory=set)            # paths served with their bytes altered
     cut_once: set[str] = field(default_factory=set)           # paths whose first transfer stops half-way
     failing: set[str] = field(default_factory=set)            # listed, but answered 404 (gone meanwhile)
+    dead: set[str] = field(default_factory=set)               # cut half-way, then connections dropped unanswered
+    slow: set[str] = field(default_factory=set)               # 1 KB every 0.2 s (a 70 KB file: 14 s)
+    was_cut: set[str] = field(default_factory=set)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)   # (method, path, Range)
     server: ThreadingHTTPServer | None = None
 
@@ -94,6 +98,9 @@ class Hub:
                     return self.reply(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
                 if name in hub.failing:                    # no retries: huggingface_hub retries 5xx for 30 s
                     return self.reply(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+                if body and name in hub.dead and name in hub.was_cut:
+                    self.close_connection = True           # the hub went away: no answer at all
+                    return
                 data = hub.repos[repo][name]
                 lfs = name.endswith(".safetensors")
                 etag = blob_name(name, data)
@@ -112,13 +119,22 @@ class Hub:
                     self.send_header("X-Linked-Etag", f'"{etag}"')
                     self.send_header("X-Linked-Size", str(len(data)))
                 self.end_headers()
-                if body and name in hub.cut_once:           # half the bytes, then the connection drops
+                if body and (name in hub.cut_once or name in hub.dead):   # half the bytes, then the connection drops
                     hub.cut_once.discard(name)
+                    hub.was_cut.add(name)
                     self.wfile.write(data[start:len(data) // 2])
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                if body:
+                if body and name in hub.slow:
+                    try:
+                        for i in range(start, len(data), 1024):
+                            self.wfile.write(data[i:i + 1024])
+                            self.wfile.flush()
+                            time.sleep(0.2)
+                    except OSError:                         # the client went away
+                        self.close_connection = True
+                elif body:
                     self.wfile.write(data[start:])
 
             def reply(self, status, obj, headers=None):

@@ -1,11 +1,15 @@
 """`pull`, `list`, `show`, `rm` against a stand-in hub on 127.0.0.1 (tests/hub_server.py, reached
 through HF_ENDPOINT): huggingface_hub's real download code runs. A complete pull by short name, a
-transfer cut off and resumed, a corrupted file refused by its sha256, a repo's .py never fetched,
-a missing repo and an unreachable hub: one line each, nothing half-written left in the cache."""
+transfer cut off and resumed (one line for the retry), a corrupted file refused by its sha256 or
+its git blob hash and repaired by the next pull, a file the hub lists but answers 404, a repo's .py
+never fetched, a missing repo and an unreachable hub: one line each, nothing half-written left in
+the cache, and no copy listed or used until a pull ends well. Ctrl+C and a hub gone mid-transfer,
+in a real process: tests/test_pull_interrupted.py."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import socket
 from pathlib import Path
 
@@ -15,7 +19,8 @@ from typer.testing import CliRunner
 from fastdllm.cli.app import app
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
 from fastdllm.checkpoints.tiny_random import write_llada
-from hub_server import Hub, blob_name
+from fastdllm.units import human_bytes
+from hub_server import COMMIT, Hub, blob_name
 
 REPO = "JetLM/SDAR-1.7B-Chat"          # catalog entry sdar:1.7b-chat (the tiny files stand in for it)
 
@@ -65,7 +70,9 @@ def test_pull_by_short_name_fetches_the_checkpoint_but_never_its_code(hub, tiny_
     assert all((snapshot / n).read_bytes() == tiny_files[n] for n in wanted)
     assert not [f for f in hub.fetched() if f.endswith(".py")]
     assert "not fetched (code is never run): configuration_llada.py, modeling_llada.py" in out.output
-    assert f"pulled sdar:1.7b-chat: {len(wanted)} files" in out.output
+    assert (f"pulled sdar:1.7b-chat: {len(wanted)} files, 89.2 KB, each checked against the hash the hub lists\n"
+            in out.output)
+    assert "fetching model.safetensors (71.4 KB)" in out.output                # a line per file in a pipe
     # the short name now means this copy in every -m, without the network
     hub.requests.clear()
     assert resolve_model_dir("sdar:1.7b-chat") == snapshot and hub.requests == []
@@ -95,11 +102,20 @@ def test_a_transfer_cut_off_half_way_resumes_from_where_it_stopped(hub, tiny_fil
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)
     weights = tiny_files["model.safetensors"]
     hub.cut_once.add("model.safetensors")
+    handlers = logging.getLogger("huggingface_hub").handlers[:]
     out = cli("pull", REPO, "-q")
     assert out.exit_code == 0, out.output
     ranges = [r for m, p, r in hub.requests if m == "GET" and p.endswith("/model.safetensors")]
     assert len(ranges) == 2 and ranges[0] is None                     # the second asks only for the rest
-    assert 0 < int(ranges[1].removeprefix("bytes=").rstrip("-")) <= len(weights) // 2
+    resumed_at = int(ranges[1].removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at <= len(weights) // 2
+    # one line for the retry, fastdllm's, in place of huggingface_hub's two; the place it resumes from
+    retries = [line for line in out.output.splitlines() if "broke off" in line]
+    assert len(retries) == 1, out.output
+    assert retries[0].startswith(f"model.safetensors: the transfer broke off at {human_bytes(resumed_at)} of 71.4 KB (")
+    assert retries[0].endswith("); resuming (retry 1)")
+    assert "Trying to resume" not in out.output and "Error while downloading" not in out.output
+    assert logging.getLogger("huggingface_hub").handlers == handlers            # its logging as it was
     assert (Path(out.stdout.strip()) / "model.safetensors").read_bytes() == weights
 
 
@@ -131,6 +147,45 @@ def test_a_corrupted_file_is_refused_by_its_sha256_and_nothing_is_kept(hub, tmp_
     assert out.exit_code == 0
     data = (Path(out.stdout.strip()) / "model.safetensors").read_bytes()
     assert hashlib.sha256(data).hexdigest() == hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
+
+
+def test_a_config_altered_on_the_way_is_refused_by_its_git_blob_hash_and_the_next_pull_repairs_it(hub, tiny_files):
+    hub.corrupt.add("config.json")                      # same size, one byte changed: only its hash tells
+    line = one_error_line(cli("pull", REPO, "-q"))      # the whole output: never "checked" for what was not
+    assert "config.json does not match the git blob hash the hub lists (removed)" in line
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout
+    hub.corrupt.clear()
+    out = cli("pull", REPO, "-q")
+    assert out.exit_code == 0, out.output
+    assert (Path(out.stdout.strip()) / "config.json").read_bytes() == tiny_files["config.json"]
+
+
+def test_a_bad_copy_already_in_the_cache_is_fetched_again(hub, tiny_files):
+    # what a pull before files were checked by their git blob hash left: a corrupt config.json, listed
+    snapshot = Path(cli("pull", REPO, "-q").stdout.strip())
+    blob = (snapshot / "config.json").resolve()
+    blob.write_bytes(b"X" + tiny_files["config.json"][1:])
+    hub.requests.clear()
+    out = cli("pull", REPO, "-q")
+    assert out.exit_code == 0 and "(5 already here)" in out.output, out.output
+    assert hub.fetched() == ["config.json"]
+    assert (snapshot / "config.json").read_bytes() == tiny_files["config.json"]
+
+
+def test_a_file_listed_but_answered_404_fails_the_pull_and_the_copy_is_neither_listed_nor_used(hub, tmp_path):
+    hub.failing.add("generation_config.json")           # a file a model loads without: still not a whole pull
+    line = one_error_line(cli("pull", REPO, "-q"))
+    assert "failed at generation_config.json (the hub lists it but answers 404)" in line
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout
+    assert not (tmp_path / "cache" / "models--JetLM--SDAR-1.7B-Chat" / "snapshots" / COMMIT / "config.json").exists()
+    # the same when an earlier pull of this snapshot had ended well: the copy no longer counts as whole
+    hub.failing.clear()
+    assert cli("pull", REPO, "-q").exit_code == 0 and local_copy(REPO) is not None
+    snapshot = local_copy(REPO)
+    (snapshot / "tokenizer_config.json").unlink()
+    hub.failing.add("tokenizer_config.json")
+    assert "failed at tokenizer_config.json" in one_error_line(cli("pull", REPO, "-q"))
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout
 
 
 def test_a_missing_repo_is_one_line_and_writes_nothing(hub, tmp_path):
