@@ -41,9 +41,6 @@ def analyze(
 ):
     """Run PROMPT once with instrumentation: KV drift (prefix, dual), confidence against the uncached
     one-token baseline, the commit timeline, a what-if sweep; an HTML report and advice in words."""
-    from fastdllm.bench.analyze import analyze as measure
-    from fastdllm.bench.analyze_report import advice, write_report
-
     if old_output is not None:                         # every command's file is -o/--output (cli/results.py)
         err_console.print(f"note: -O is -o now (-O goes in the next release): -o {old_output}", style="yellow")
         output = old_output
@@ -53,7 +50,10 @@ def analyze(
         from fastdllm.bench.analyze_report import _pyplot
 
         _pyplot()                                      # refuse before the model loads, not after the runs
-    lm, profile, cfg = prepare(opts)
+    lm, profile, cfg = prepare(opts)              # torch comes in here, under the loading spinner
+    from fastdllm.bench.analyze import analyze as measure
+    from fastdllm.bench.analyze_report import advice, write_report
+
     ids = lm.encode(text, chat=chat)
     data = {"model": lm.path.name, "profile": profile.name, **measure(lm.decoder, [*ids], cfg)}
     data["advice"] = advice(data)

@@ -121,4 +121,18 @@ def main() -> None:
         from fastdllm.eval.distributed import finish
 
         finish(e.code)
+        quick_exit()
         raise
+
+
+def quick_exit() -> None:
+    """Once torch and transformers are in, the interpreter's last garbage collections walk their
+    millions of objects, which kept a process 1.1-2.2 s after its last line on 2 cores. Frozen
+    (gc.freeze), those objects are left out of the collections and the exit takes ~0.1 s; the
+    exit is otherwise Python's own (threads joined, atexit hooks, modules torn down, files flushed
+    and closed), unlike os._exit, which would also skip the `finally` of whoever runs main() (a
+    profiler writing its results). Only objects in reference cycles are left to the kernel, whose
+    finalizers Python does not promise at exit anyway."""
+    import gc
+
+    gc.freeze()

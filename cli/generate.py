@@ -41,10 +41,7 @@ def generate(
     *, opts: RunOptions,
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
-    from fastdllm.decode.engine import run
     from fastdllm.decode.rules import describe
-    from fastdllm.terminal.stats import stats_block, stats_line
-    from fastdllm.terminal.view import BlockStreamer
 
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     spec = spec_from(json_schema, regex, grammar)
@@ -57,7 +54,11 @@ def generate(
         return infill(opts, prompt, file, suffix, suffix_file, infill_file, chat=chat, trim=trim, json_out=json_out,
                       live=live, quiet=quiet, verbose=verbose)
     text = read_prompt(prompt, file)
-    lm, profile, cfg = prepare(opts)
+    lm, profile, cfg = prepare(opts)              # torch comes in here, under the loading spinner
+    from fastdllm.decode.engine import run
+    from fastdllm.terminal.stats import stats_block, stats_line
+    from fastdllm.terminal.view import BlockStreamer
+
     ids = lm.encode(text, chat=chat, thinking=think)
     constraint = compile_for(spec, lm)
     header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}" + \

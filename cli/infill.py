@@ -23,13 +23,13 @@ def infill(opts: RunOptions, prompt, file, suffix, suffix_file, template_file, *
     over the holes' masks, at most as many as the config has)."""
     from dataclasses import replace
 
-    from fastdllm.decode.canvas import block_end
-
     if chat:
         raise UsageError("--chat: infilling works on raw text (the template is the whole canvas)")
     parts, form = template_parts(prompt, file, suffix, suffix_file, template_file)
     hole = opts.decode["gen_len"]
-    lm, profile, cfg = prepare(replace(opts, decode={**opts.decode, "gen_len": None}))
+    lm, profile, cfg = prepare(replace(opts, decode={**opts.decode, "gen_len": None}))   # torch: under the spinner
+    from fastdllm.decode.canvas import block_end
+
     hole = hole or cfg.gen_len
     cfg = replace(cfg, gen_len=block_end(hole, cfg.block_len))
     fill(lm, profile, cfg, parts, form, hole=hole, trim=trim, **output)

@@ -18,19 +18,22 @@ from .terminal import err_console, keys_not_echoed
 
 def load_model(model_dir: Path, *, name: str | None = None, force: bool | None = None, canvas_tokens: int = 384,
                **placement: str):
-    """Load with a spinner on a terminal (stderr), once the fit verdict allows it (--force skips it)."""
-    from fastdllm.checkpoints import loading
+    """Load with a spinner on a terminal (stderr), once the fit verdict allows it (--force skips it).
+    The spinner is up before torch and transformers are imported (by the verdict's config classes
+    or by loading): on 2 cores they take 2-5 s, most of a small model's start, which would
+    otherwise pass with nothing on screen. The spinner is transient: a refusal is printed after it."""
     from fastdllm.checkpoints.placement import bf16_load_note
-
-    if not forced(force):
-        from fastdllm.checkpoints.fit import check
-
-        if refused := check(model_dir, name or model_dir.name, canvas_tokens=canvas_tokens,
-                            **{k: placement.get(k, MODEL_DEFAULTS[k]) for k in MODEL_DEFAULTS}):
-            raise UserError(refused)
 
     spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
     with spinner, keys_not_echoed():
+        if not forced(force):
+            from fastdllm.checkpoints.fit import check
+
+            if refused := check(model_dir, name or model_dir.name, canvas_tokens=canvas_tokens,
+                                **{k: placement.get(k, MODEL_DEFAULTS[k]) for k in MODEL_DEFAULTS}):
+                raise UserError(refused)
+        from fastdllm.checkpoints import loading
+
         lm = loading.load(model_dir, **placement)
     if slow := bf16_load_note(lm):
         err_console.print(f"note: {slow}", style="yellow")
