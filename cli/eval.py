@@ -8,6 +8,7 @@ task's documents; rank 0 alone prints and writes (fastdllm/eval/distributed.py).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,7 +24,7 @@ from .options import MODEL_FLAGS, comma_names, decoding_options, model_placement
 from .results import check_writable, output_and_format
 from .results import save as save_records
 from .terminal import err_console, is_terminal, out_console
-from .user_errors import user_errors
+from .user_errors import needs_extra, user_errors
 
 EXAMPLES = """Examples:
 
@@ -86,13 +87,12 @@ def eval_(
         raise UsageError(f"--mc-num {mc_num} must be a positive multiple of --mc-batch {mc_batch}")
     lengths = eval_rows.lengths(gen_lens)
     placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    if importlib.util.find_spec("lm_eval") is None:     # said once, not by each process of a parallel run
+        raise UserError(needs_extra("lm_eval", "eval"))
     if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
         raise typer.Exit(parallel.launch(num_processes))
-    try:
-        from fastdllm.eval import tasks as evaluate
-    except ImportError as e:
-        raise UserError(f"fastdllm eval needs lm-evaluation-harness ({e.name} is missing): "
-                        f"pip install 'fastdllm[eval]'") from None
+    from fastdllm.eval import tasks as evaluate
+
     task_names = comma_names(tasks)
     model_dir = resolve_model_dir(model)
     # --suite and --profiles: the suite's rows, then the profiles, all against the suite's first row

@@ -22,9 +22,9 @@ EXTRAS = {"lm_eval": "eval", "datasets": "eval", "fastapi": "serve", "uvicorn": 
           "matplotlib": "plot", "llguidance": "structured", "bitsandbytes": "quant"}
 
 
-def missing_extra(e: ModuleNotFoundError, command: str) -> str | None:
+def needs_extra(module: str, command: str) -> str | None:
     """The one line for a module of an optional extra that is not installed, else None (a bug)."""
-    module = (e.name or "").partition(".")[0]
+    module = module.partition(".")[0]
     extra = EXTRAS.get(module)
     return extra and f"fastdllm {command} needs {module}, from the `{extra}` extra: pip install 'fastdllm[{extra}]'"
 
@@ -48,7 +48,7 @@ def user_errors(func):
             err_console.print("interrupted", style="yellow")
             raise typer.Exit(130) from None
         except ModuleNotFoundError as e:
-            line = missing_extra(e, func.__name__.rstrip("_"))
+            line = needs_extra(e.name or "", func.__name__.rstrip("_"))
             if line is None or DEBUG["on"]:
                 raise
             err_console.print(Text("error: ", style="bold red") + Text(line))
