@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from fastdllm.errors import UsageError
+from fastdllm.errors import UsageError, UserError
 from fastdllm.units import plural
 
 CONSTRAINT_FLAGS = {
@@ -47,7 +47,11 @@ def compile_for(spec, lm) -> Any:
 
 
 def finish_note(result) -> str | None:
-    """A line for stderr when the constrained answer did not complete within its length."""
+    """A line for stderr when the constrained answer did not complete within its length; a
+    UserError (one line, exit 1) when its grammar matcher failed, which ended the answer early."""
+    if result.constraint_errors and result.constraint_errors[0] is not None:
+        raise UserError(f"structured output: the grammar matcher failed after {plural(len(result.ids[0]), 'token')} "
+                        f"of the answer ({result.constraint_errors[0]}); a simpler constraint may fit its limits")
     if result.complete and result.complete[0] is False:
         return (f"finish: length (the answer ended after {plural(len(result.ids[0]), 'token')}, before its constraint was "
                 f"complete; raise -n)")

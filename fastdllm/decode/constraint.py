@@ -13,6 +13,7 @@ llguidance is imported when a constraint is compiled, never at import time (the 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ KINDS = ("json", "json_schema", "regex", "grammar")
 # one form of JSON (as json.dumps writes it): no free whitespace for a model to loop in
 JSON_FORM = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOKENIZERS: dict[int, tuple[Any, Any]] = {}     # id(hf tokenizer) -> (it, its llguidance tokenizer)
+MAX_DEPTH = 100             # a schema's nesting (objects and arrays) that is taken (the library's ends near 128)
+PROBE_TOKENS = 64           # forced tokens consumed when compiling: a matcher that fails on them is refused
 
 
 class ConstraintError(UsageError):
@@ -56,9 +59,41 @@ class Spec:
                 schema = json.loads(self.source) if isinstance(self.source, str) else self.source
             except json.JSONDecodeError as e:
                 raise ConstraintError(f"JSON Schema: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+            except (RecursionError, ValueError) as e:        # nested too deep; an integer of 4300+ digits
+                raise ConstraintError(f"JSON Schema: not read ({one_line(str(e) or type(e).__name__)})") from None
             if not isinstance(schema, (dict, bool)):
                 raise ConstraintError(f"JSON Schema: expected an object, got {type(schema).__name__}")
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORM)
+            held_exactly(schema)
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORM)
+        except (ValueError, TypeError) as e:                  # a value the library cannot convert
+            raise ConstraintError(f"JSON Schema: {one_line(str(e))}") from None
+
+
+def held_exactly(schema: Any, label: str = "JSON Schema") -> None:
+    """ConstraintError (one line, naming the place) for a schema the matcher would not hold as
+    written: it reads numbers as doubles and integer ranges as 64-bit integers, so an integer a
+    double rounds (9007199254740993 -> ...992: a bound or constant silently moved), a number
+    outside the 64-bit range, a non-finite one (1e400 arrives as inf) and nesting deeper than
+    MAX_DEPTH are refused. Walks without recursion (a request may nest thousands deep)."""
+    stack = [(schema, "", 0)]                                           # (value, its path, depth)
+    while stack:
+        value, path, depth = stack.pop()
+        at = f" at {path}" if path else ""
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise ConstraintError(f"{label}: nested more than {MAX_DEPTH} levels deep{at}")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(reversed([(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in items]))
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        elif not math.isfinite(value):
+            raise ConstraintError(f"{label}: {value}{at} is not a finite number")
+        elif not -2 ** 63 <= value < 2 ** 63 or (isinstance(value, int) and float(value) != value):
+            digits = str(abs(value))
+            shown = str(value) if len(digits) <= 24 else f"{str(value)[:20]}... ({len(digits)} digits)"
+            raise ConstraintError(f"{label}: {shown}{at} is not held exactly by the matcher, which reads numbers "
+                                  f"as doubles and 64-bit integers (beyond 2^53 only integers a double holds exactly)")
 
 
 def require():
@@ -96,6 +131,10 @@ class Compiled:
             raise ConstraintError(f"{spec.label}: {one_line(first.get_error())}")
         if not first.is_accepting() and (first.is_stopped() or not self.can_start(first)):
             raise ConstraintError(f"{spec.label}: it matches nothing (no token can start an answer)")
+        forced = first.compute_ff_tokens()[:PROBE_TOKENS]    # what every answer starts with: a matcher
+        if forced and not first.consume_tokens(forced) or first.is_error():  # that fails on it fails later too
+            raise ConstraintError(f"{spec.label}: the matcher fails on the answer's first tokens "
+                                  f"({first_line(first.get_error())})")
 
     def can_start(self, matcher) -> bool:
         """Whether some token other than the library's end token may come first."""
@@ -114,6 +153,11 @@ class Compiled:
         return m.consume_tokens(ids) and m.is_accepting() if ids else m.is_accepting()
 
 
+def first_line(message: str) -> str:
+    """A matcher's error without the state it dumps after it ('<state>', tokens, parser JSON)."""
+    return next((line.strip() for line in message.splitlines() if line.strip()), "the matcher failed")
+
+
 def one_line(message: str) -> str:
     """The library's message as one line: its lines that say something (not the grammar's echo
     and its '^' pointers), joined, without the grammar position ('at 1(8): ')."""
@@ -130,6 +174,7 @@ class RowConstraints:
         self.compiled, self.stops = compiled, tuple(stops)
         self.matchers = [c.matcher() if c is not None else None for c in compiled]
         self.ended = [False] * len(compiled)      # an end token is committed: the rest is filler
+        self.errors: list[str | None] = [None] * len(compiled)   # the matcher failed: why (the row ended there)
         self.seconds, self.calls = 0.0, 0         # matcher time (mask + validate), for the bench
 
     def restrict(self, logits, candidate) -> Any:
@@ -145,8 +190,10 @@ class RowConstraints:
             frontier = int(cols[0, 0])                                      # the leftmost candidate
             allowed = bits(m.compute_bitmask(), V)                          # (V,) bool
             allowed[list(self.stops)] = m.is_accepting()
-            if not bool(allowed.any()):                                     # a dead end: nothing can follow
-                allowed[list(self.stops)] = True                            # (decide ends the row, incomplete)
+            if m.is_error() or not bool(allowed.any()):                     # a dead end: nothing can follow
+                self.fail(b, m)                                             # (decide ends the row there)
+                allowed[:] = False
+                allowed[list(self.stops)] = True
             logits[b, frontier].masked_fill_(~allowed.to(logits.device), float("-inf"))
             self.calls += 1
         self.seconds += time.perf_counter() - began
@@ -174,31 +221,44 @@ class RowConstraints:
             run = 1                                                         # the frontier, always
             while run < len(seq) and picked[run]:
                 run += 1
+            known = self.compiled[b].tokenizer.vocab_size                  # ids past it (the head's padding) put
+            run = next((i for i, t in enumerate(seq[:run]) if t >= known and t not in self.stops), run)  # it in error
             stop = next((i for i, t in enumerate(seq[:run]) if t in self.stops), None)
             body = seq[:run if stop is None else stop]
-            n = m.validate_tokens(body) if body else 0
-            if n:
-                m.consume_tokens(body[:n])
+            n = m.validate_tokens(body) if body and not m.is_error() else 0
+            if n and not m.consume_tokens(body[:n]):                        # valid, yet the matcher failed
+                n = 0
             chosen[b, cols] = False
             chosen[b, cols[:n]] = True
             if stop is not None and n == stop and m.is_accepting():         # the end, where it may come
                 self.ended[b] = True
                 tokens[b, cols[n:]], chosen[b, cols[n:]] = seq[stop], True
             elif n == 0:                                                    # a dead end (see restrict)
-                self.ended[b] = True
+                self.fail(b, m)
                 tokens[b, cols], chosen[b, cols] = self.stops[0], True
             else:                                                           # jump forward: what the grammar forces
                 forced = m.compute_ff_tokens()[:len(cols) - n]
                 if forced and m.consume_tokens(forced):
                     at = cols[n:n + len(forced)]
                     tokens[b, at], chosen[b, at] = torch.tensor(forced), True
+                elif m.is_error():                                          # its next step ends the row
+                    self.fail(b, m)
         self.seconds += time.perf_counter() - began
         return tokens, chosen
 
+    def fail(self, b: int, m) -> None:
+        """Row b's matcher failed (an error of the library, or no token can follow an answer that is
+        not complete): the row ends here, its answer reported as failed, never as cut by its length."""
+        if self.errors[b] is None:
+            self.errors[b] = first_line(m.get_error()) if m.is_error() else "no token of the vocabulary can " \
+                "continue the answer"
+        self.ended[b] = True
+
     def complete(self, answers: list[list[int]]) -> list[bool | None]:
         """Per row: whether its answer (as reported, cut at its length) is a whole sentence of its
-        constraint; None for a free row."""
-        return [None if c is None else c.accepts(ids) for c, ids in zip(self.compiled, answers)]
+        constraint (never where its matcher failed); None for a free row."""
+        return [None if c is None else e is None and c.accepts(ids)
+                for c, ids, e in zip(self.compiled, answers, self.errors)]
 
 
 def bits(mask: bytes, V: int):

@@ -197,8 +197,11 @@ class Batch:
         if canvas.prefill:                                              # the blocks before the first decoded one
             yield store(0, canvas.prefill, 0)
         for block, (s, e) in enumerate(canvas.blocks):
-            if causal and cfg.early_stop and bool(ended().all()):
-                break                                                   # a store pass committed the stop
+            if causal and cfg.early_stop and bool(ended().all()):      # a store pass committed the stop, at
+                first = max(s, canvas.starts[0])                        # this block's first position: the
+                yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0],  # block ends the answer
+                                 host[:, first:e].clone(), ended())     # (a consumer that stops at blocks sees it)
+                break
             end = self.dpad.block(s, e) if self.dpad else T            # DPad: spans end at its E
             counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
             schedule = block_schedule(counted, cfg)
@@ -263,6 +266,7 @@ class Batch:
         result = finish_result(self, answers, region, holes=holes)
         if self.constraint is not None:
             result.complete, result.matcher_seconds = self.constraint.complete(answers), self.constraint.seconds
+            result.constraint_errors = list(self.constraint.errors)
         return result
 
 

@@ -74,6 +74,8 @@ class Result:
     complete: list[bool | None] | None = None     # structured output: per row, whether its answer is a
                                                   # whole sentence of its constraint (None: a free row)
     matcher_seconds: float = 0.0                  # structured output: time in the grammar matcher
+    constraint_errors: list[str | None] | None = None   # structured output: per row, why its matcher failed
+                                                  # (the answer ended there), None where it did not
     positions_run: int | None = None              # canvas positions the forwards ran, one row's, summed
                                                   # (StepEvent.width; engine.generate counts them)
 
@@ -93,9 +95,12 @@ class Result:
 
     @property
     def finish_reasons(self) -> list[str]:
-        """Per row: "stop" (the answer ended, or is a whole sentence of its constraint) or "length"
-        (a constrained answer the length cut before its constraint was complete)."""
-        return ["length" if c is False else "stop" for c in (self.complete or [None] * len(self.ids))]
+        """Per row: "stop" (the answer ended, or is a whole sentence of its constraint), "length"
+        (a constrained answer the length cut before its constraint was complete) or "error" (its
+        grammar matcher failed: constraint_errors says why)."""
+        errors = self.constraint_errors or [None] * len(self.ids)
+        return ["error" if e is not None else "length" if c is False else "stop"
+                for c, e in zip(self.complete or [None] * len(self.ids), errors)]
 
     @property
     def tokens_per_second(self) -> float:
@@ -119,6 +124,8 @@ class Result:
             **({"complete": self.complete[0] if one else self.complete,
                 "finish_reason": self.finish_reasons[0] if one else self.finish_reasons,
                 "matcher_s": round(self.matcher_seconds, 4)} if self.complete is not None else {}),
+            **({"constraint_error": self.constraint_errors[0] if one else self.constraint_errors}
+               if any(self.constraint_errors or ()) else {}),
         }
 
 

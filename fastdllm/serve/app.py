@@ -20,7 +20,7 @@ from . import ollama
 from .jobs import Failed, Finished, Job, QueueFull, ShuttingDown, StepUpdate, TextUpdate
 from .metrics import CONTENT_TYPE
 from .protocol import prepare_chat, prepare_completion
-from .requests import ApiError, Prepared, Server, one_line
+from .requests import ApiError, Prepared, Server, one_line, parse_body
 from .responses import CHAT, COMPLETION, Shape, TrimmedText, answer_calls, parses_calls
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
@@ -266,10 +266,7 @@ async def read_json(request: Request, limit: int):
         body += piece
         if len(body) > limit:
             raise body_too_large(limit)
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    return parse_body(bytes(body))
 
 
 def error_response(e: ApiError, path: str = "") -> JSONResponse:
@@ -279,7 +276,8 @@ def error_response(e: ApiError, path: str = "") -> JSONResponse:
 
 
 def failure(f: Failed) -> ApiError:
-    return ApiError(f.status, f.message, kind="invalid_request_error" if f.status < 500 else "server_error")
+    return ApiError(f.status, f.message, kind="invalid_request_error" if f.status < 500 else "server_error",
+                    code=f.code)
 
 
 def model_card(name: str, created: int) -> dict:

@@ -15,7 +15,7 @@ EXTENSION_KEYS = ("regex", "grammar")
 
 def spec_of(response_format: Any, extension: dict | None):
     """(Spec or None, the param it came from). Only one way to ask at a time."""
-    from ..decode.constraint import Spec
+    from ..decode.constraint import ConstraintError, Spec, held_exactly
 
     asked = [k for k in EXTENSION_KEYS if (extension or {}).get(k) is not None]
     rf = None if response_format in (None, {"type": "text"}) else response_format
@@ -41,7 +41,12 @@ def spec_of(response_format: Any, extension: dict | None):
         if not isinstance(inner.get("strict", False), (bool, type(None))):
             raise ApiError(400, "response_format.json_schema.strict: expected a boolean",
                            param="response_format.json_schema.strict")
-        return Spec("json_schema", json.dumps(inner["schema"])), "response_format.json_schema.schema"
+        param = "response_format.json_schema.schema"
+        try:
+            held_exactly(inner["schema"])          # before json.dumps: it recurses, a schema may nest thousands deep
+        except ConstraintError as e:
+            raise ApiError(400, f"{param}: {e}", param=param) from None
+        return Spec("json_schema", json.dumps(inner["schema"])), param
     raise ApiError(400, f"response_format.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'",
                    param="response_format.type")
 
@@ -57,9 +62,13 @@ def constraint_of(response_format: Any, extension: dict | None, server, stop: tu
     if stop:
         raise ApiError(400, f"stop: not combined with {param} (a stop string would cut the answer's sentence)",
                        param="stop")
-    if getattr(server.lm.model, "sampler", "mask") == "renoise":
+    sampler = getattr(server.lm.model, "sampler", "mask")
+    if sampler == "renoise":
         raise ApiError(400, f"{param}: {server.model_name} rewrites every position every step, so no prefix "
                             f"stays for a grammar to check", param=param)
+    if sampler == "seeded":                    # decode/seeded.py refuses it too, once the job is decoded
+        raise ApiError(400, f"{param}: {server.model_name}'s seeded block decoder has no structured output yet",
+                       param=param)
     try:
         return Compiled(spec, server.lm.tokenizer)
     except ConstraintError as e:

@@ -51,6 +51,7 @@ class Finished:
 class Failed:
     status: int                 # HTTP status: 400 a bad request found late, 500 an engine failure
     message: str
+    code: str | None = None     # the error's code ("constraint_failed": the grammar matcher failed)
 
 
 Update = Union[StepUpdate, TextUpdate, Finished, Failed]

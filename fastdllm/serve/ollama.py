@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .jobs import Failed, Finished, TextUpdate
 from .protocol import prepare_chat, prepare_completion
-from .requests import ApiError
+from .requests import ApiError, parse_body
 from .responses import TrimmedText
 
 # ollama's options fastdllm decodes with, and the OpenAI field each becomes
@@ -128,10 +128,7 @@ def add_routes(app: FastAPI, server, start, follow, *, about: dict) -> None:
 
 
 async def read_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    body = parse_body(await request.body() or b"{}")
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body

@@ -14,6 +14,8 @@ from ..errors import UserError
 from .formats import EXTENSION_KEYS, constraint_of
 from .tools import template_messages, tools_of
 from .requests import (
+    CHAT_ONLY,
+    NOT_TAKEN,
     OFF_VALUES,
     ApiError,
     ChatRequest,
@@ -29,11 +31,18 @@ PLAIN_TURN = "\nUser:"      # without a chat template the answer ends where the 
 
 def prepare_chat(body: Any, server: Server) -> Prepared:
     req = validated(ChatRequest, body)
+    refuse_not_taken(body, chat=True)
     messages = [message_of(m, i) for i, m in enumerate(req.messages)]
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     lm = server.lm
     tools = tools_of(req.tools, req.tool_choice, getattr(lm.tokenizer, "chat_template", None))
+    if req.parallel_tool_calls not in (None, True, False):
+        raise ApiError(400, "parallel_tool_calls: expected a boolean", param="parallel_tool_calls")
+    if req.parallel_tool_calls is False and tools is not None and tools.choice == "auto":
+        raise ApiError(400, "parallel_tool_calls: false is honoured with tool_choice 'required' or a named function "
+                            "(one call, by grammar); with 'auto' every call the answer holds is returned",
+                       param="parallel_tool_calls")
     if tools is not None and req.response_format not in (None, {"type": "text"}):
         raise ApiError(400, "response_format: not combined with tools (a call's arguments follow its parameters)",
                        param="response_format")
@@ -77,8 +86,11 @@ def chat_limit(req: ChatRequest) -> int | None:
 
 
 def prepare_completion(body: Any, server: Server, response_format: Any = None) -> Prepared:
-    """`response_format`: structured output, which OpenAI's completions do not take (ollama's format)."""
+    """`response_format`: structured output (ollama's format), else the request's own field, which
+    OpenAI's completions do not have and fastdllm's honour as chat's."""
     req = validated(CompletionRequest, body)
+    refuse_not_taken(body, chat=False)
+    response_format = req.response_format if response_format is None else response_format
     suffix = infill_suffix(req.suffix, server)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -95,6 +107,17 @@ def prepare_completion(body: Any, server: Server, response_format: Any = None) -
         raise ApiError(400, f"prompt: empty, but {server.model_name} predicts each token from the one before it: "
                             f"infilling needs some text before the hole", param="prompt")
     return prepare(req, server, ids, req.max_tokens, "prompt", suffix=suffix, response_format=response_format)
+
+
+def refuse_not_taken(body: dict, chat: bool) -> None:
+    """A 400 naming a structured field this endpoint does not take (requests.NOT_TAKEN, CHAT_ONLY)."""
+    for name in [*NOT_TAKEN, *(() if chat else CHAT_ONLY)]:
+        if body.get(name) is not None:
+            instead = NOT_TAKEN.get(name, "send it")
+            if not chat and name in CHAT_ONLY:
+                instead += " to /v1/chat/completions"
+            where = "/v1/chat/completions" if chat else "/v1/completions"
+            raise ApiError(400, f"{name}: not taken by {where} ({instead})", param=name)
 
 
 def infill_suffix(suffix: Any, server: Server) -> list[int] | None:

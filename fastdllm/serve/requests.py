@@ -4,6 +4,7 @@ its HTTP status. protocol.py turns a request into a Prepared."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -62,6 +63,7 @@ class ChatRequest(CommonRequest):
     top_logprobs: Any = None
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
     response_format: Any = None
 
 
@@ -70,6 +72,7 @@ class CompletionRequest(CommonRequest):
     suffix: Any = None
     echo: Any = None
     best_of: Any = None
+    response_format: Any = None                     # structured output, as in chat (OpenAI's has none)
 
 
 # field -> the values that mean the feature is off
@@ -77,6 +80,17 @@ OFF_VALUES = {"top_p": (None, 1), "logprobs": (None, False), "top_logprobs": (No
               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
               "echo": (None, False),
               "best_of": (None, 1)}
+
+
+# structured fields that another API takes and fastdllm does not (chat: OpenAI's legacy functions;
+# both: vLLM's guided decoding): refused by name with what to send instead, never ignored (an
+# ignored one answers unconstrained text)
+NOT_TAKEN = {"functions": "send tools", "function_call": "send tool_choice",
+             "guided_json": "send response_format json_schema", "guided_regex": "send fastdllm.regex",
+             "guided_grammar": "send fastdllm.grammar (a Lark grammar)",
+             "guided_choice": "send fastdllm.regex with the choices as alternatives",
+             "structured_outputs": "send response_format, fastdllm.regex or fastdllm.grammar"}
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,19 @@ class Prepared:
         if self.cfg.gen_len != self.max_tokens:
             out["note"] = f"max_tokens rounded up to whole blocks of {self.cfg.block_len}"
         return out
+
+
+def parse_body(raw: bytes) -> Any:
+    """A request body as JSON; a 400 for what does not parse, nests past Python's recursion limit, or
+    holds an integer of more digits than Python converts (never a 500)."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests too deeply to be read") from None
+    except ValueError as e:                     # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ApiError(400, f"the request body is not read: {str(e).splitlines()[0]}") from None
 
 
 def validated(model: type[BaseModel], body: Any) -> Any:

@@ -12,7 +12,8 @@ from ..decode.cache_modes import CACHE_MODES
 from ..decode.canvas import block_end, length
 from ..decode.config import DecodeConfig
 from ..decode.events import answer_ids
-from .jobs import Finished, Job, StepUpdate, TextUpdate
+from ..units import plural
+from .jobs import Failed, Finished, Job, StepUpdate, TextUpdate
 
 
 def sampled(cfg: DecodeConfig) -> bool:
@@ -142,14 +143,22 @@ class Row:
             keep = at >= 0
             self.job.deliver(StepUpdate(at[keep].tolist(), event.tokens[i][wrote][keep].tolist()))
 
-    def block_done(self, region: torch.Tensor, upto: int, cancelled: bool, metrics=None) -> None:
+    def block_done(self, region: torch.Tensor, upto: int, cancelled: bool, metrics=None,
+                   failure: str | None = None) -> None:
         """A block finished: `region` is this row's generated region in the batch, final up to
-        `upto`. Delivers the new text, and Finished when the answer is complete."""
+        `upto`. Delivers the new text, and Finished when the answer is complete; Failed (400) where
+        the row's grammar matcher failed (`failure`: why), which ended the answer there."""
         self.decided = self.decided[:self.base] + region[:max(0, min(upto, self.region - self.base))].tolist()
         if cancelled:
             self.finished = True             # the client is gone: nothing more is delivered
             return
         text, ids, ended, cut = self._answer()
+        if failure is not None:
+            self.finished = True
+            self.job.deliver(Failed(400, f"structured output: the grammar matcher failed after "
+                                         f"{plural(len(ids), 'token')} of the answer ({failure}); a simpler "
+                                         f"constraint may fit its limits", code="constraint_failed"))
+            return
         done = (ended and self.job.cfg.early_stop) or cut is not None or len(self.decided) >= self.region
         self._send(text, final=done)
         if done:

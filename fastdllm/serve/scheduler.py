@@ -150,8 +150,10 @@ class Scheduler:
                 else:
                     region = batch.generated()      # a block boundary
                     end = batch.canvas.blocks[event.block][1]
+                    matchers = getattr(batch, "constraint", None)      # constrained rows: their failures
                     for i, row in enumerate(rows):
-                        row.block_done(region[i], end - batch.canvas.starts[i], self._take_cancel(row.job.id), self.metrics)
+                        row.block_done(region[i], end - batch.canvas.starts[i], self._take_cancel(row.job.id),
+                                       self.metrics, failure=matchers.errors[i] if matchers else None)
                     if any(r.finished for r in rows) or self._joinable(rows, key):
                         break                       # re-plan: rows leave or join
                     began = time.perf_counter()

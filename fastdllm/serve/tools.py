@@ -137,7 +137,20 @@ def tools_of(tools: Any, tool_choice: Any, template: str | None) -> Tools | None
     if choice not in ("auto", "none") and not syntax.constrainable:
         raise ApiError(400, f"tool_choice: {choice!r} needs a grammar for {syntax.name} calls, which fastdllm does "
                        "not have yet (use 'auto': its calls are parsed)", param="tool_choice")
+    for i, f in enumerate(functions):              # the arguments' schema the call grammar holds
+        if choice in ("required", f["name"]):
+            parameters_held(f.get("parameters") or {}, f"tools.{i}.function.parameters")
     return Tools(tuple(functions), choice, syntax)
+
+
+def parameters_held(schema: dict, param: str) -> None:
+    """A 400 naming `param` where the matcher would not hold the schema as written (constraint.held_exactly)."""
+    from ..decode.constraint import ConstraintError, held_exactly
+
+    try:
+        held_exactly(schema, "JSON Schema")
+    except ConstraintError as e:
+        raise ApiError(400, f"{param}: {e}", param=param) from None
 
 
 def syntax_of(template: str | None) -> Syntax | None:
