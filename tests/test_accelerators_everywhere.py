@@ -6,6 +6,7 @@ test_dkv.py, test_klass.py, test_local_leap.py and test_dllm_cache.py."""
 
 from __future__ import annotations
 
+
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from serve_process import ServerProcess  # noqa: E402
 from test_chat import invoke as chat  # noqa: E402
 from test_cli import invoke  # noqa: E402
 from test_eval import TASKS  # noqa: E402
+from fastdllm.checkpoints.builtin import NAME as BUILTIN  # noqa: E402
 
 PROMPT = "def add(a, b):"
 METHODS = ["dus", "dual-dus", "credit", "prophet", "dual-prophet", "dpad", "dkv", "klass", "local-leap", "dllm-cache"]
@@ -40,7 +42,7 @@ def server():
 def test_a_request_decodes_as_generate_with_the_profile(server, profile):
     anchor = {"answer_anchor": ANCHOR} if "prophet" in profile else {}
     client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=300)
-    answer = client.completions.create(model="tiny-code", prompt=PROMPT, max_tokens=64,
+    answer = client.completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=64,
                                        extra_body={"fastdllm": {"profile": profile, **anchor}})
     flags = ["--answer-anchor", ANCHOR] if anchor else []
     r = invoke("generate", "--dtype", "fp64", "--raw", "-P", profile, "-n", 64, *flags, "--json", PROMPT)

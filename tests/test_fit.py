@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from fastdllm.checkpoints.builtin import builtin_model_path
 from fastdllm.cli.app import app
 from fastdllm.checkpoints import catalog, fit
 from fastdllm.checkpoints.locate import resolve_model_dir
@@ -60,7 +61,7 @@ def test_generate_refuses_in_one_line_before_loading_and_force_loads(small_machi
     monkeypatch.setattr(loading, "load", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(SystemExit(3)))
     out = CliRunner().invoke(app, ["generate", "hi", "-n", "32"])
     assert out.exit_code == 1 and calls == []
-    assert out.output.startswith("error: tiny-code needs ") and out.output.count("\n") == 1
+    assert out.output.startswith(f"error: {builtin_model_path().name} needs ") and out.output.count("\n") == 1
     assert "this machine's RAM has 0.5 GiB free" in out.output
     forced = CliRunner().invoke(app, ["generate", "hi", "-n", "32", "--force"])
     assert calls and forced.exit_code == 3                   # it went on to load

@@ -11,6 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.builtin import builtin_model_path
+from fastdllm.decode.profiles import model_defaults
 from fastdllm.cli.app import app
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
@@ -184,9 +186,10 @@ def test_bench_rows_are_on_disk_as_they_finish_and_kept_on_failure(llada_dir, tm
 
 def test_profiles_resolved_without_model_uses_the_model_generate_uses(llada_dir):
     builtin = invoke("profiles", "show", "code", "--resolved", env={"FASTDLLM_MODEL": None}).stdout
-    assert "gen_len: 128" in builtin and "tiny-code" in builtin       # the built-in model's default
+    default_len = model_defaults(builtin_model_path())["gen_len"]      # its generation_config.json
+    assert f"gen_len: {default_len}" in builtin and builtin_model_path().name in builtin
     record = json.loads(invoke("generate", "--json", "-P", "code", "hi", env={"FASTDLLM_MODEL": None}).stdout)
-    assert record["config"]["gen_len"] == 128
+    assert record["config"]["gen_len"] == default_len
     chosen = invoke("profiles", "show", "code", "--resolved", env={"FASTDLLM_MODEL": str(llada_dir)}).stdout
     assert "gen_len: 256" in chosen                                    # FASTDLLM_MODEL, as generate would
 

@@ -9,6 +9,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from fastdllm.checkpoints.builtin import builtin_models
 from fastdllm.cli.app import app
 from fastdllm.checkpoints import catalog, fit
 from fastdllm.checkpoints.locate import resolve_model_dir
@@ -60,7 +61,7 @@ def test_list_shows_a_models_dir_with_family_and_quantization(tmp_path, monkeypa
     (tmp_path / "models" / "notes").mkdir()                              # not a checkpoint: not listed
     out = CliRunner().invoke(app, ["list", "--models-dir", str(tmp_path / "models"), "--json"])
     models = {m["name"]: m for m in json.loads(out.stdout)["models"]}
-    assert set(models) == {"tiny-code", "my-llada"}
+    assert set(models) == {*(p.name for p in builtin_models()), "my-llada"}
     assert models["my-llada"]["family"] == "llada" and models["my-llada"]["where"] == "models-dir"
     assert models["my-llada"]["quantization"] == "bf16" and models["my-llada"]["size_bytes"] > 10**6
 

@@ -19,6 +19,7 @@ from serve_process import ServerProcess  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from fastdllm.cli.app import app  # noqa: E402
+from fastdllm.checkpoints.builtin import NAME as BUILTIN  # noqa: E402
 
 KEY = "test-key-123"
 PROMPT = "def add(a, b):"
@@ -64,7 +65,7 @@ def sse_events(response) -> list:
 # ---------------------------------------------------------------- answers
 
 def test_completion_equals_generate_and_says_max_tokens_was_rounded(builtin_server):
-    answer = client(builtin_server).completions.create(model="tiny-code", prompt=PROMPT, max_tokens=20)
+    answer = client(builtin_server).completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=20)
     record = generate_json("--raw", "-n", "32", PROMPT)     # 20 rounded up to one block of 32
     extra = answer.model_extra["fastdllm"]
     assert extra["max_tokens"] == 20 and extra["canvas_tokens"] == 32
@@ -76,13 +77,13 @@ def test_completion_equals_generate_and_says_max_tokens_was_rounded(builtin_serv
     assert (usage.prompt_tokens, usage.completion_tokens) == (record["prompt_tokens"], record["generated_tokens"])
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert usage.nfe == record["nfe"] and usage.tokens_per_forward == record["tokens_per_forward"]
-    assert answer.object == "text_completion" and answer.model == "tiny-code"
+    assert answer.object == "text_completion" and answer.model == BUILTIN
 
 
 def test_completion_stream_joins_to_the_whole_answer(builtin_server):
     c = client(builtin_server)
-    whole = c.completions.create(model="tiny-code", prompt=PROMPT, max_tokens=32)
-    chunks = list(c.completions.create(model="tiny-code", prompt=PROMPT, max_tokens=32, stream=True,
+    whole = c.completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=32)
+    chunks = list(c.completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=32, stream=True,
                                        stream_options={"include_usage": True}))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
     *_, last, tail = chunks
@@ -92,9 +93,9 @@ def test_completion_stream_joins_to_the_whole_answer(builtin_server):
 
 
 def test_step_stream_reports_every_commit(builtin_server):
-    whole = client(builtin_server).completions.create(model="tiny-code", prompt=PROMPT, max_tokens=32,
+    whole = client(builtin_server).completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=32,
                                                        extra_body={"fastdllm": {"threshold": 0.5}})
-    body = {"model": "tiny-code", "prompt": PROMPT, "max_tokens": 32, "stream": True,
+    body = {"model": BUILTIN, "prompt": PROMPT, "max_tokens": 32, "stream": True,
             "stream_options": {"include_usage": True}, "fastdllm": {"steps": True, "threshold": 0.5}}
     with httpx.stream("POST", builtin_server.v1 + "/completions", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -113,13 +114,13 @@ def test_step_stream_reports_every_commit(builtin_server):
 def test_suffix_fills_the_middle_as_generate_suffix_does(builtin_server):
     suffix = "\n    return total\n"
     c = client(builtin_server)
-    whole = c.completions.create(model="tiny-code", prompt=PROMPT + "\n", suffix=suffix, max_tokens=20)
+    whole = c.completions.create(model=BUILTIN, prompt=PROMPT + "\n", suffix=suffix, max_tokens=20)
     record = generate_json("-n", "32", "--suffix", suffix, PROMPT + "\n")     # 20: one block of 32
     assert whole.choices[0].text == record["middle"]
     assert whole.model_extra["fastdllm"]["completion_ids"] == record["holes"][0]["ids"]
     assert whole.usage.completion_tokens == record["generated_tokens"] and whole.usage.nfe == record["nfe"]
     assert whole.usage.prompt_tokens == record["prompt_tokens"]                # prompt and suffix
-    chunks = list(c.completions.create(model="tiny-code", prompt=PROMPT + "\n", suffix=suffix, max_tokens=20,
+    chunks = list(c.completions.create(model=BUILTIN, prompt=PROMPT + "\n", suffix=suffix, max_tokens=20,
                                        stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == record["middle"]
 
@@ -127,11 +128,11 @@ def test_suffix_fills_the_middle_as_generate_suffix_does(builtin_server):
 def test_chat_without_a_template_is_a_plain_transcript(builtin_server):
     c = client(builtin_server)
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": PROMPT}]
-    whole = c.chat.completions.create(model="tiny-code", messages=messages, max_tokens=32)
+    whole = c.chat.completions.create(model=BUILTIN, messages=messages, max_tokens=32)
     content = whole.choices[0].message.content
     assert content == content.strip() and "\nUser:" not in content
     assert whole.choices[0].message.role == "assistant"
-    chunks = list(c.chat.completions.create(model="tiny-code", messages=messages, max_tokens=32, stream=True))
+    chunks = list(c.chat.completions.create(model=BUILTIN, messages=messages, max_tokens=32, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == content
 
@@ -158,11 +159,11 @@ def test_chat_with_template_equals_generate_and_streams(llada_server, llada_dir)
 
 def test_models_health_and_metrics(builtin_server):
     c = client(builtin_server)
-    c.completions.create(model="tiny-code", prompt=PROMPT, max_tokens=8)
-    assert [m.id for m in c.models.list()] == ["tiny-code"]
-    assert c.models.retrieve("tiny-code").id == "tiny-code"
+    c.completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=8)
+    assert [m.id for m in c.models.list()] == [BUILTIN]
+    assert c.models.retrieve(BUILTIN).id == BUILTIN
     health = httpx.get(builtin_server.url + "/health").json()
-    assert health["status"] == "ok" and health["model"] == "tiny-code"
+    assert health["status"] == "ok" and health["model"] == BUILTIN
     text = httpx.get(builtin_server.url + "/metrics").text
     assert 'fastdllm_requests_total{endpoint="/v1/completions",status="200"}' in text
     for name in ("fastdllm_generated_tokens_total", "fastdllm_nfe_total", "fastdllm_forwards_total",
@@ -178,31 +179,31 @@ BAD = [  # (path, body: dict or raw bytes, status, words the one-line message mu
     ("/completions", b"[1, 2]", 400, "JSON object"),
     ("/completions", {"prompt": PROMPT}, 400, "model"),
     ("/completions", {"model": "gpt-4", "prompt": PROMPT}, 404, "not found"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "max_tokens": 10**9}, 400, "context"),
-    ("/completions", {"model": "tiny-code", "prompt": [272] * 5000, "max_tokens": 32}, 400, "context"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "temperature": -1}, 400, "temperature"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "n": 2}, 400, "n=1"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "top_p": 0.5}, 400, "top_p"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "logprobs": 3}, 400, "logprobs"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "suffix": 5}, 400, "suffix: expected a string"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "suffix": "x", "max_tokens": 4090}, 400,
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "max_tokens": 10**9}, 400, "context"),
+    ("/completions", {"model": BUILTIN, "prompt": [272] * 5000, "max_tokens": 32}, 400, "context"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "temperature": -1}, 400, "temperature"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "n": 2}, 400, "n=1"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "top_p": 0.5}, 400, "top_p"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "logprobs": 3}, 400, "logprobs"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "suffix": 5}, 400, "suffix: expected a string"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "suffix": "x", "max_tokens": 4090}, 400,
      "the suffix (1 tokens)"),
-    ("/completions", {"model": "tiny-code", "prompt": [PROMPT, PROMPT]}, 400, "one per request"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"threshold": 2}}, 400, "threshold"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"treshold": 0.5}}, 400, "did you mean"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"cache": "big"}}, 400, "cache"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"profile": "nope"}}, 400, "unknown profile"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"profile": "/etc/passwd"}}, 400, "unknown profile"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": {"gen_len": 64}}, 400, "max_tokens"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "max_tokens": 64,
+    ("/completions", {"model": BUILTIN, "prompt": [PROMPT, PROMPT]}, 400, "one per request"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": {"threshold": 2}}, 400, "threshold"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": {"treshold": 0.5}}, 400, "did you mean"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": {"cache": "big"}}, 400, "cache"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": {"profile": "nope"}}, 400, "unknown profile"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": {"profile": "/etc/passwd"}}, 400, "unknown profile"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": {"gen_len": 64}}, 400, "max_tokens"),
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "max_tokens": 64,
                       "fastdllm": {"rule": "fixed", "steps": 7}}, 400, "divisible"),
-    ("/completions", {"model": "tiny-code", "prompt": PROMPT, "fastdllm": "fast"}, 400, "fastdllm"),
-    ("/chat/completions", {"model": "tiny-code", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
-    ("/chat/completions", {"model": "tiny-code", "messages": [
+    ("/completions", {"model": BUILTIN, "prompt": PROMPT, "fastdllm": "fast"}, 400, "fastdllm"),
+    ("/chat/completions", {"model": BUILTIN, "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("/chat/completions", {"model": BUILTIN, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "text parts"),
-    ("/chat/completions", {"model": "tiny-code", "messages": []}, 400, "messages"),
+    ("/chat/completions", {"model": BUILTIN, "messages": []}, 400, "messages"),
     ("/completions", b'{"model": "tiny-code", "prompt": "' + b"a" * 1_100_000 + b'"}', 413, "larger than"),
 ]
 
@@ -217,16 +218,16 @@ def test_bad_requests_get_a_one_line_error_and_the_server_goes_on(builtin_server
             assert "\n" not in error["message"] and error["type"] and "param" in error and "code" in error
         assert http.post("/completions", json={"model": "nope", "prompt": "x"}).json()["error"]["code"] == \
             "model_not_found"
-        assert http.post("/completions", json={"model": "tiny-code", "prompt": "x", "max_tokens": 4096}) \
+        assert http.post("/completions", json={"model": BUILTIN, "prompt": "x", "max_tokens": 4096}) \
             .json()["error"]["code"] == "context_length_exceeded"
         assert http.get("/no-such-endpoint").status_code == 404
-        good = http.post("/completions", json={"model": "tiny-code", "prompt": PROMPT, "max_tokens": 8,
+        good = http.post("/completions", json={"model": BUILTIN, "prompt": PROMPT, "max_tokens": 8,
                                                "fastdllm": {"profile": "fast", "steps": False}})
         assert good.status_code == 200 and good.json()["fastdllm"]["profile"] == "fast"
 
 
 def test_client_leaving_mid_stream_cancels_its_job(builtin_server):
-    body = {"model": "tiny-code", "prompt": PROMPT, "max_tokens": 128, "stream": True,
+    body = {"model": BUILTIN, "prompt": PROMPT, "max_tokens": 128, "stream": True,
             "fastdllm": {"steps": True, "early_stop": False}}
     with httpx.stream("POST", builtin_server.v1 + "/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
@@ -235,7 +236,7 @@ def test_client_leaving_mid_stream_cancels_its_job(builtin_server):
             if '"step"' in line:
                 break                                      # decoding has begun: hang up
     builtin_server.wait_for_log(rf"{job_id} .*499 client gone")
-    answer = client(builtin_server).completions.create(model="tiny-code", prompt=PROMPT, max_tokens=8)
+    answer = client(builtin_server).completions.create(model=BUILTIN, prompt=PROMPT, max_tokens=8)
     assert answer.usage.completion_tokens <= 32
 
 

@@ -5,6 +5,7 @@ request may finish inside the wait: test_serve.py."""
 
 from __future__ import annotations
 
+
 import json
 import signal
 import threading
@@ -16,8 +17,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from serve_process import ServerProcess  # noqa: E402
+from fastdllm.checkpoints.builtin import NAME as BUILTIN  # noqa: E402
 
-LONG = {"model": "tiny-code", "messages": [{"role": "user", "content": "A long story."}], "max_tokens": 1024,
+LONG = {"model": BUILTIN, "messages": [{"role": "user", "content": "A long story."}], "max_tokens": 1024,
         "fastdllm": {"early_stop": False}}
 
 
