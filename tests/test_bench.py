@@ -171,7 +171,7 @@ def test_format_from_flag_or_suffix(tmp_path):
 
 def test_plot_without_matplotlib_is_a_one_line_error(records, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)               # import fails
-    with pytest.raises(UserError, match="pip install matplotlib"):
+    with pytest.raises(UserError, match=r"pip install 'fastdllm\[plot\]'"):
         bench_format.plot(records, tmp_path / "p.png")
 
 
