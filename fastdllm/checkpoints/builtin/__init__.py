@@ -1,13 +1,14 @@
-"""The built-in models shipped with the package: tiny-llada (word problems and small Python
-functions, a chat template; the default once shipped) and tiny-code (Python continuation only).
-Each folder has its card (README.md). `-m tiny-code` names one of them."""
+"""The built-in models shipped with the package: tiny-code (Python continuation; the default) and
+tiny-llada (word problems and small Python functions, a chat template; in training: it becomes the
+default once its held-out accuracy is worth showing). Each folder has its card (README.md);
+`-m tiny-llada` names one of them."""
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
 
-NAMES = ("tiny-llada", "tiny-code")           # the first one installed is the default
+NAMES = ("tiny-code", "tiny-llada")           # the first one installed is the default
 
 
 def builtin_model_path(name: str | None = None) -> Path | None:
