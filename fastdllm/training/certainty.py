@@ -19,7 +19,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from .mixture import WEIGHTS, Mixture, held_out_rows
+from .mixture import WEIGHTS, Mixture, MixtureSource
 
 
 def semi_ar_masks(prompt_len: torch.Tensor, L: int, rng: random.Random, block: int = 32, ratio: float = 0.5):
@@ -56,10 +56,10 @@ def certainty_loss(logits: torch.Tensor, tokens: torch.Tensor, masked: torch.Ten
     return ce + entropy_weight * entropy
 
 
-class CertaintySource:
+class CertaintySource(MixtureSource):
     """train.py's data source for the certainty stage: the generator's training rows (word problems
     and function tasks, raw and chat; no stdlib source), two forwards per batch (a mask and its
-    complement).
+    complement); rows, held-out rows and the random state as MixtureSource keeps them.
 
     dParallel distils the model's own greedy answers because a pretrained model's answers differ
     from any dataset; a model trained from scratch on these generators answers their training
@@ -75,9 +75,6 @@ class CertaintySource:
     def describe(self) -> str:
         return f"generated task rows {self.mixture.weights}, entropy weight {self.cfg.entropy_weight}"
 
-    def batch(self, size: int):
-        return self.mixture.batch(size, self.rng)
-
     def loss(self, model, tokens: torch.Tensor, prompt: torch.Tensor, mask_id: int) -> torch.Tensor:
         total = 0.0
         for masked in semi_ar_masks(prompt, tokens.shape[1], self.rng):
@@ -85,15 +82,3 @@ class CertaintySource:
                 logits = model(torch.where(masked, mask_id, tokens)).logits
             total = total + certainty_loss(logits, tokens, masked, self.cfg.entropy_weight, self.cfg.entropy_temperature)
         return total
-
-    def held_out(self, held_stream: torch.Tensor):
-        return held_out_rows(self.tok, self.ids, self.cfg.seq_len)
-
-    def get_state(self):
-        return self.rng.getstate()
-
-    def set_state(self, state) -> None:
-        self.rng.setstate(state)
-
-    def reseed(self, seed: int) -> None:
-        self.rng.seed(seed)
