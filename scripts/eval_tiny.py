@@ -123,7 +123,7 @@ def measure_heldout_loss(model_dir: Path) -> float:
         stream.extend(enc.ids + [eos])
     model = LLaDAModelLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     seq_len = json.loads((model_dir / "trainer_state.json").read_text())["train_config"]["seq_len"]
-    return heldout_loss(model, torch.tensor(stream), model.config.mask_token_id, seq_len)
+    return heldout_loss(model, data.held_out_windows(torch.tensor(stream), seq_len), model.config.mask_token_id)
 
 
 def cpu_name() -> str:

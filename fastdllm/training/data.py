@@ -116,6 +116,12 @@ def weighted_loss(logits: torch.Tensor, tokens: torch.Tensor, weight: torch.Tens
     return ((ce * weight).sum(1) / (tokens.shape[1] - prompt_len).clamp_min(1)).mean()
 
 
+def held_out_windows(held_stream: torch.Tensor, seq_len: int, rows: int = 32):
+    """(tokens, prompt_len): fixed windows of the held-out modules, every token maskable."""
+    starts = torch.linspace(0, len(held_stream) - seq_len - 1, rows).long()
+    return torch.stack([held_stream[s:s + seq_len] for s in starts.tolist()]), torch.zeros(rows, dtype=torch.long)
+
+
 def forward_loss(model, noisy: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor, prompt_len: torch.Tensor):
     """One bf16-autocast forward of the masked rows and its weighted_loss."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -152,10 +158,8 @@ class StdlibSource:
         noisy, masked, t = mask_batch(tokens, prompt, mask_id, self.gen)
         return forward_loss(model, noisy, tokens, masked / t[:, None], prompt)
 
-    def held_out(self, held_stream: torch.Tensor, rows: int = 32):
-        """Fixed windows of the held-out modules."""
-        starts = torch.linspace(0, len(held_stream) - self.seq_len - 1, rows).long()
-        return torch.stack([held_stream[s:s + self.seq_len] for s in starts.tolist()]), torch.zeros(rows, dtype=torch.long)
+    def held_out(self, held_stream: torch.Tensor):
+        return held_out_windows(held_stream, self.seq_len)
 
     def get_state(self):
         return self.gen.get_state()
