@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import random
 
+from .word_problems import distinct_draws
+
 # name part, docstring phrase, condition (x is the element, {k} a small constant)
 FILTERS = {
     "all": ("", "numbers", "True"),
@@ -182,11 +184,7 @@ def generate(rng: random.Random, split: str = "train", classics: float = 0.1) ->
 
 def held_out_set(n: int, seed: int = 2026) -> list[dict]:
     """The `tiny-code` test set: n held-out tasks with distinct prompts, the same for a given seed."""
-    rng, seen, out = random.Random(seed), set(), []
-    while len(out) < n:
-        task = generate(rng, "heldout")
-        if task["prompt"] not in seen:
-            seen.add(task["prompt"])
-            task["task_id"] = f"tiny-code/{len(out)}"
-            out.append(task)
-    return out
+    tasks = distinct_draws(lambda rng: generate(rng, "heldout"), "prompt", n, seed)
+    for i, task in enumerate(tasks):
+        task["task_id"] = f"tiny-code/{i}"
+    return tasks

@@ -137,6 +137,11 @@ def held_out_rows(tok, ids: dict[str, int], L: int = 192, n: int = 32) -> tuple[
 
 
 
+def row_lengths(spec: str) -> tuple[tuple[int, float], ...]:
+    """"128:0.55,192:0.37,512:0.08" -> ((128, 0.55), (192, 0.37), (512, 0.08)): row length, share of batches."""
+    return tuple((int(n), float(w)) for n, w in (part.split(":") for part in spec.split(",")))
+
+
 class MixtureSource:
     """tiny-llada's rows and masks, drawn from one random.Random (train.py's data source)."""
 
@@ -145,8 +150,7 @@ class MixtureSource:
         for enc in tok.encode_batch(texts):
             stream.extend(enc.ids + [ids[tokenizer.EOS]])
         functions = [f for text in texts for f in data.functions(text)]
-        lengths = tuple((int(n), float(w)) for n, w in (part.split(":") for part in cfg.row_lengths.split(",")))
-        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, lengths)
+        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, row_lengths(cfg.row_lengths))
         self.cfg, self.tok, self.ids, self.rng = cfg, tok, ids, random.Random(cfg.seed)
 
     def describe(self) -> str:

@@ -256,12 +256,17 @@ def generate(rng: random.Random, split: str = "train") -> dict:
             return problem
 
 
-def held_out_set(n: int, seed: int = 2026) -> list[dict]:
-    """The `tiny-gsm` test set: n distinct held-out problems, the same for a given seed."""
+def distinct_draws(draw: Callable[[random.Random], dict], key: str, n: int, seed: int) -> list[dict]:
+    """n draws with distinct `key`, from random.Random(seed): the same list for a given seed."""
     rng, seen, out = random.Random(seed), set(), []
     while len(out) < n:
-        p = generate(rng, "heldout")
-        if p["question"] not in seen:
-            seen.add(p["question"])
-            out.append(p)
+        item = draw(rng)
+        if item[key] not in seen:
+            seen.add(item[key])
+            out.append(item)
     return out
+
+
+def held_out_set(n: int, seed: int = 2026) -> list[dict]:
+    """The `tiny-gsm` test set: n distinct held-out problems, the same for a given seed."""
+    return distinct_draws(lambda rng: generate(rng, "heldout"), "question", n, seed)
