@@ -59,8 +59,13 @@ class TrainConfig:
     threads: int | None = None
 
 
+SOURCES = {"stdlib": data.StdlibSource, "tiny-llada": mixture.MixtureSource, "certainty": certainty.CertaintySource}
+
+
 def prepare(cfg: TrainConfig, log=print):
     """Tokenizer (trained once, then reused), the training rows' source, held-out rows."""
+    if cfg.recipe not in SOURCES:                  # before the tokenizer is trained (a minute)
+        raise SystemExit(f"--recipe {cfg.recipe}: expected one of {', '.join(SOURCES)}")
     train_files, held_files = data.corpus_files(cfg.corpus_root)
     texts = [data.read(p) for p in train_files]
     tok_dir = cfg.state_dir / "tokenizer"
@@ -74,8 +79,7 @@ def prepare(cfg: TrainConfig, log=print):
         tok = tokenizer.train_bpe(corpus, cfg.vocab_size, split_digits=cfg.recipe == "tiny-llada")
         tokenizer.save_llada_tokenizer(tok, tok_dir)
     ids = {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
-    sources = {"stdlib": data.StdlibSource, "tiny-llada": mixture.MixtureSource, "certainty": certainty.CertaintySource}
-    source = sources[cfg.recipe](cfg, tok, ids, texts)
+    source = SOURCES[cfg.recipe](cfg, tok, ids, texts)
     held_stream = []
     for enc in tok.encode_batch([data.read(p) for p in held_files]):
         held_stream.extend(enc.ids + [ids[tokenizer.EOS]])
