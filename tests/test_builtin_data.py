@@ -151,3 +151,17 @@ def test_certainty_loss_is_cross_entropy_plus_entropy_where_already_right():
     p = torch.softmax(logits[0, 1] / 0.5, -1)                        # position 1 is right (argmax 2), 2 is wrong
     entropy = -(p * p.log()).sum()
     assert torch.isclose(certainty.certainty_loss(logits, tokens, masked, 2.0, 0.5), ce + 2 * entropy)
+
+
+def test_drill_lines_are_right_and_drill_rows_have_no_prompt():
+    rng = random.Random(5)
+    for _ in range(2000):
+        left, right = word_problems.drill_line(rng).split(" = ")
+        a, op, b = left.split()
+        assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b),
+                "/": int(a) // int(b) if int(a) % int(b) == 0 else None}[op] == int(right) >= 0
+    tok, ids = _char_tokenizer()
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [], ids, row_lengths=((128, 1.0),), weights={"arith": 1.0})
+    tokens, prompt = mix.batch(4, rng)
+    assert tokens.shape == (4, 128) and prompt.tolist() == [0, 0, 0, 0]
+    assert " = " in tok.decode(tokens[0].tolist())

@@ -19,7 +19,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from .mixture import WEIGHTS, Mixture, MixtureSource, row_lengths
+from .mixture import PROMPTED, WEIGHTS, Mixture, MixtureSource, row_lengths
 
 
 def semi_ar_masks(prompt_len: torch.Tensor, L: int, rng: random.Random, block: int = 32, ratio: float = 0.5):
@@ -68,7 +68,7 @@ class CertaintySource(MixtureSource):
 
     def __init__(self, cfg, tok, ids: dict[str, int], texts: list[str]):
         self.cfg, self.tok, self.ids, self.rng = cfg, tok, ids, random.Random(cfg.seed + 1)
-        tasks = {k: w for k, w in WEIGHTS.items() if not k.startswith("stdlib")}
+        tasks = {k: WEIGHTS[k] for k in PROMPTED if not k.startswith("stdlib")}
         self.mixture = Mixture(tok, torch.zeros(0, dtype=torch.long), [], ids, row_lengths(cfg.row_lengths), tasks)
 
     def describe(self) -> str:

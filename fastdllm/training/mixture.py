@@ -17,9 +17,11 @@ import torch
 
 from . import data, function_tasks, tokenizer, word_problems
 
-# Share of each kind of row (sums to 1).
-WEIGHTS = {"gsm_raw": 0.25, "gsm_chat": 0.20, "code_raw": 0.28, "code_chat": 0.07,
-           "stdlib_window": 0.10, "stdlib_function": 0.10}
+# Share of each kind of row (sums to 1). "arith": rows of arithmetic facts (word_problems.drill_line)
+# with no prompt; "stdlib_window": the stdlib's source with no prompt.
+WEIGHTS = {"gsm_raw": 0.22, "gsm_chat": 0.14, "arith": 0.12, "code_raw": 0.30, "code_chat": 0.10,
+           "stdlib_window": 0.06, "stdlib_function": 0.06}
+PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function")   # rows of prompt + answer
 
 
 def gsm_prompt(question: str) -> str:
@@ -74,6 +76,10 @@ class Mixture:
                 rows.append(self.stream[start:start + L])
                 prompts.append(0)
                 continue
+            if kind == "arith":
+                rows.append(self.drill_row(rng, L))
+                prompts.append(0)
+                continue
             for attempt in range(100):          # short rows take the shorter draws; longer rows all of them
                 prompt, answer = texts(rng, kind, self.stdlib_functions)
                 p, a = self.encode(prompt), self.encode(answer)
@@ -88,6 +94,13 @@ class Mixture:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
+
+    def drill_row(self, rng: random.Random, L: int) -> torch.Tensor:
+        """L tokens of arithmetic facts, one per line (the last one cut at the row end)."""
+        ids: list[int] = []
+        while len(ids) < L:
+            ids += self.encode(word_problems.drill_line(rng) + "\n")
+        return torch.tensor(ids[:L])
 
 
 def block_mask_batch(tokens: torch.Tensor, prompt_len: torch.Tensor, mask_id: int, rng: random.Random,

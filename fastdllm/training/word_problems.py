@@ -256,6 +256,28 @@ def generate(rng: random.Random, split: str = "train") -> dict:
             return problem
 
 
+def drill_line(rng: random.Random) -> str:
+    """One arithmetic fact of the kinds the worked steps use ("57 * 3 = 171"), for the drill rows
+    that give the small model many more results to learn from than the problems' few. Every number
+    may appear here, HELD_BAND's included: this is the arithmetic the held-out problems share by
+    design, not a question."""
+    op = rng.choice("+-*/")
+    if op == "+":
+        a, b = rng.randint(2, 999), rng.randint(1, 99)
+        return f"{a} + {b} = {a + b}"
+    if op == "-":
+        a = rng.randint(3, 999)
+        b = rng.randint(1, min(a - 1, 999))
+        return f"{a} - {b} = {a - b}"
+    if op == "*":
+        k = rng.randint(2, 9)
+        m = rng.randint(2, 999 // k)
+        return f"{m} * {k} = {m * k}" if rng.random() < 0.5 else f"{k} * {m} = {k * m}"
+    k = rng.randint(2, 9)
+    q = rng.randint(2, 999 // k)
+    return f"{q * k} / {k} = {q}"
+
+
 def distinct_draws(draw: Callable[[random.Random], dict], key: str, n: int, seed: int) -> list[dict]:
     """n draws with distinct `key`, from random.Random(seed): the same list for a given seed."""
     rng, seen, out = random.Random(seed), set(), []
