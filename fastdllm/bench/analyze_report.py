@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
+from .plot_labels import place_labels
 from ..units import plural
 
 ONE_PERCENT = 0.01
@@ -90,7 +91,7 @@ def figures(data: dict) -> dict[str, bytes]:
 
     def save(name, fig):
         buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=72, bbox_inches="tight")
+        fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")   # the figure's own dpi: labels measured as saved
         plt.close(fig)
         out[name] = buffer.getvalue()
 
@@ -105,6 +106,7 @@ def figures(data: dict) -> dict[str, bytes]:
     bars.bar([b["block"] for b in blocks], [b["nfe"] for b in blocks], color="tab:gray")
     bars.set(xlabel="block", ylabel="NFE", title=f"{data['tokens_per_forward']:.2f} answer tok/forward",
              xticks=[b["block"] for b in blocks])
+    integer_ticks(raster, "x", "y")
     save("timeline", fig)
 
     # confidence against the baseline, by rank in the step, with both rules' boundaries
@@ -122,6 +124,7 @@ def figures(data: dict) -> dict[str, bytes]:
     ax.set(xlabel="rank n in its step (1 = most confident)", ylabel="confidence", ylim=(0, 1.02),
            title="committed tokens: confidence vs agreement")
     ax.legend(fontsize=7, loc="lower left")
+    integer_ticks(ax, "x")                           # ranks are whole numbers
     save("confidence", fig)
 
     for mode, d in data["drift"].items():
@@ -136,18 +139,33 @@ def figures(data: dict) -> dict[str, bytes]:
             ax.axvline(x - 0.5, c="w", lw=0.6)
         ax.set(xlabel="step (white lines: block starts, a full refresh)", ylabel="layer",
                title=f"{mode} cache: relative error of cached K/V against a fresh forward")
+        integer_ticks(ax, "x", "y")
         fig.colorbar(image, ax=ax)
         save(f"drift-{mode}", fig)
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for i, run in enumerate(data["sweep"]):
-        colour = {"factor": "tab:orange", "cache": "tab:green"}.get(run["rule"], "tab:blue")
-        ax.scatter(run["nfe"], run["agreement"], c=colour)
-        ax.annotate(f"{run['rule']} {run['value']}", (run["nfe"], run["agreement"]), fontsize=7,
-                    xytext=(3, 3 + 9 * (i % 4)), textcoords="offset points")   # staggered: points crowd
-    ax.set(xlabel="NFE", ylabel="agreement with baseline", title="what-if: other rules (same cache), other caches (same rule)")
-    save("sweep", fig)
+    save("sweep", sweep_figure(plt, data["sweep"]))
     return out
+
+
+def sweep_figure(plt, sweep: list[dict]):
+    """NFE against agreement for each what-if run, every point labelled where it can be read."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for run in sweep:
+        ax.scatter(run["nfe"], run["agreement"], c={"factor": "tab:orange", "cache": "tab:green"}.get(run["rule"], "tab:blue"))
+    ax.set(xlabel="NFE", ylabel="agreement with baseline", title="what-if: other rules (same cache), other caches (same rule)")
+    ax.margins(0.2)
+    integer_ticks(ax, "x")
+    fig.tight_layout()
+    place_labels(ax, [(f"{run['rule']} {run['value']}", run["nfe"], run["agreement"]) for run in sweep])
+    return fig
+
+
+def integer_ticks(ax, *axes: str) -> None:
+    """Ticks on whole numbers only (positions, steps, ranks, layers)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for name in axes:
+        getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(integer=True))
 
 
 def write_report(data: dict, html_path: Path) -> list[Path]:

@@ -13,6 +13,7 @@ from ..decode.rules import RULES, rule_text
 from ..errors import UsageError, UserError
 from ..units import human_bytes, plural
 from .cases import SPREAD_LIMIT
+from .plot_labels import place_labels
 
 FORMATS = ("table", "md", "json", "jsonl", "csv", "html")
 SUFFIXES = {".md": "md", ".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "table", ".html": "html"}
@@ -249,15 +250,15 @@ def plot(records: list[dict], path: Path) -> None:
         for name, rows in _by(compared, sweep_of).items():
             rows.sort(key=lambda r: r["agreement_tokens"])
             right.plot([r["agreement_tokens"] for r in rows], [r["speedup"] for r in rows], marker="o", label=name)
-            for r in rows:
-                if tunable(r):
-                    right.annotate(rule_text(r), (r["agreement_tokens"], r["speedup"]), fontsize="x-small",
-                                   textcoords="offset points", xytext=(4, 4))
+        right.margins(0.15)
         right.set(xlabel="token agreement with the baseline", ylabel="speedup over the baseline",
                   title="speed vs agreement")
         right.legend(fontsize="small")
     fig.suptitle(caption(records).split(" · torch")[0], fontsize="small")
+    fig.set_dpi(120)                                 # the saved size: labels are placed in its pixels
     fig.tight_layout()
+    if compared:
+        place_labels(axes[0][1], [(rule_text(r), r["agreement_tokens"], r["speedup"]) for r in compared if tunable(r)])
     try:
         fig.savefig(path, dpi=120)
     except (OSError, ValueError) as e:

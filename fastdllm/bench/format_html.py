@@ -10,6 +10,8 @@ import base64
 import html
 import io
 
+from .plot_labels import place_labels
+
 
 def scatter_points(records: list[dict]) -> list[tuple[str, float, float]]:
     """(label, token agreement, speed-up) of every record compared with a baseline, the baseline too."""
@@ -29,15 +31,16 @@ def scatter_png(points: list[tuple[str, float, float]], title: str) -> bytes | N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=110)
     try:
         for label, agreement, speedup in points:
             ax.scatter([agreement], [speedup])
-            ax.annotate(label, (agreement, speedup), fontsize="x-small", textcoords="offset points", xytext=(4, 4))
         ax.axhline(1.0, color="grey", linewidth=0.5)
         ax.set(xlabel="token agreement with the baseline", ylabel="speed-up over the baseline (tokens/s)",
                title=title)
+        ax.margins(0.2)
         fig.tight_layout()
+        place_labels(ax, points)
         out = io.BytesIO()
         fig.savefig(out, format="png", dpi=110)
         return out.getvalue()
