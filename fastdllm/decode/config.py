@@ -56,6 +56,7 @@ class DecodeConfig:
     prompt_interval: int = field(default=50, metadata={"min": 1, "help": "cache dllm_cache: recompute the prompt's attention/FFN features every this many steps (their prompt_interval_steps; 1: every step)"})
     gen_interval: int = field(default=7, metadata={"min": 1, "help": "cache dllm_cache: recompute the response's features every this many steps (their gen_interval_steps)"})
     transfer_ratio: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0, "help": "cache dllm_cache: between response refreshes, recompute this share of the response, the slots whose value vectors changed most (0: none)"})
+    batch_invariant: bool = field(default=False, metadata={"help": "a row's answer does not depend on the other rows of its batch, in any dtype: forwards run row by row on the slots the row has alone, logits at every block position (decode/batch_invariant.py; costs the batched matrix products)"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
     credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators.md 4)"})
     credit_alpha: float = field(default=0.7, metadata={"gt": 0.0, "help": "credit: the weight of log(1 + credit) added to the logits"})

@@ -24,6 +24,7 @@ import torch
 from ..errors import UsageError, UserError
 from ..models.feature_cache import FeatureCache
 from ..models.kv_cache import Slots
+from .batch_invariant import make_batch_invariant
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, generated, plan, plan_infill
 from .config import DecodeConfig
@@ -157,6 +158,8 @@ class Batch:
         # suffix_dropout.py: DPad's kept suffix, laid out in the cache at every block start (spans end at E)
         self.dpad = cfg.dpad_window and SuffixDropout(cfg, self.canvas, self.cache, decoder.name, self.causal, bool(holes))
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
+        if cfg.batch_invariant:                     # batch_invariant.py: each row as it is decoded alone
+            make_batch_invariant(self.forward, cfg, self.canvas.valid, self.causal, decoder.name)
         if CACHE_MODES[cfg.cache].features:
             self.cache.features = feature_cache(cfg, self.canvas, holes)
             self.forward.graphs = False     # its layers branch on the host's step count: eager forwards

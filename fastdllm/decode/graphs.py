@@ -27,6 +27,7 @@ import warnings
 import torch
 
 from ..models.kv_cache import CanvasCache
+from .batch_invariant import forward_by_row
 
 
 class SpanForward:
@@ -37,6 +38,7 @@ class SpanForward:
         self.full_block = full_block or graphs   # static candidate count: every position of the block
         self.device_step = graphs if device_step is None else device_step   # the engine may use DeviceStep
         self.previous = None                     # the key of the last run
+        self.row_extents = None                  # batch_invariant.py: each row's slots, forwards row by row
         self.graph = self.graph_key = self.inputs = self.outputs = None
         self.captures = self.replays = 0
 
@@ -49,6 +51,8 @@ class SpanForward:
         return self.graphed((span, tuple(positions.shape)), lambda p: self.eager(span, p), positions)
 
     def eager(self, span: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
+        if self.row_extents is not None:
+            return forward_by_row(self.model, self.canvas, self.cache, self.row_extents, span, positions, self.widen)
         return self.model.forward_span(self.canvas, span[0], span[1], self.cache, positions, self.widen)
 
     def graphed(self, key, fn, *inputs: torch.Tensor) -> torch.Tensor:
