@@ -39,7 +39,9 @@ chat template (`<|eot_id|>` ends a turn), so `chat` and `serve` work on it.
 Drawn fresh at every step from generators in `fastdllm/training/` (no row is seen twice; no
 download): word problems with worked steps (`word_problems.py`), function tasks with tests
 (`function_tasks.py`; a few classics such as `fibonacci` are training-only), both raw and in the
-chat template; and the Python standard library's source (tests and 8 modules left out) as windows
+chat template; rows of bare arithmetic facts of the kinds the worked steps use (`57 * 3 = 171`,
+every number allowed, those of the held-out band too: the skill the held-out problems share by
+design); and the Python standard library's source (tests and 8 modules left out) as windows
 for plain continuation and as signature -> body pairs (`mixture.py` gives the shares). Answers are
 padded with end-of-text to the row end, as LLaDA's SFT pads them. Rows are masked as LLaDA trains
 and, for half the rows with a prompt, in the state block-wise decoding meets (earlier blocks clean,
