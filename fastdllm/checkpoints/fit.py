@@ -99,11 +99,14 @@ def estimate(model_dir: Path, canvas_tokens: int) -> tuple[dict[str, int], bool]
     from safetensors import safe_open
 
     from .family import family_of, read_config
-    from .info import memory_estimate, shape_summary, shard_files
+    from .gguf_folder import source_of
+    from .info import gguf_shapes, memory_estimate, shape_summary, shard_files
 
     config, _, _ = family_of(read_config(model_dir), model_dir, refuse=False)
     shapes = {}
-    for shard in shard_files(model_dir):
+    if (gguf := source_of(model_dir)) is not None:          # a GGUF file's folder (gguf_folder.py)
+        shapes = gguf_shapes(gguf)
+    for shard in [] if gguf else shard_files(model_dir):
         with safe_open(str(shard), "pt") as f:
             shapes.update({n: f.get_slice(n).get_shape() for n in f.keys()})
     info = shape_summary(shapes, config)

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from ..decode.family_defaults import default_profile, variant
 from ..errors import UserError
 from .family import family_of, read_config
+from .gguf_folder import source_of
 from .specials import load_tokenizer, special_tokens
 
 BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1}
@@ -28,6 +29,27 @@ def shard_files(path: Path) -> list[Path]:
 def inspect_checkpoint(path: Path) -> dict:
     raw = read_config(path)
     config, model_cls, warnings = family_of(raw, path, refuse=False)     # info shows a refusal, as a warning
+    if (gguf := source_of(path)) is not None:           # a GGUF file's folder: shapes from the file's table
+        shapes = gguf_shapes(gguf)
+        on_disk = {"dtype_on_disk": gguf["dtype_on_disk"], "bytes_on_disk": gguf["bytes_on_disk"]}
+    else:
+        shapes, on_disk = safetensors_shapes(path)
+    tokenizer = load_tokenizer(path)
+    specials = special_tokens(raw, tokenizer, path, model_cls)
+    return {
+        "path": gguf["file"] if gguf else str(path), "family": raw["model_type"],
+        "architectures": raw.get("architectures", []), "variant": variant(raw), "profile": default_profile(raw),
+        **shape_summary(shapes, config), **on_disk,
+        "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+        "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
+        "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
+        "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "warnings": warnings,
+    }
+
+
+def safetensors_shapes(path: Path) -> tuple[dict, dict]:
+    """(tensor shapes by name, dtype and bytes on disk) from the shards' headers."""
     shapes, dtypes = {}, Counter()
     shards = shard_files(path)
     missing = [s.name for s in shards if not s.is_file()]
@@ -40,20 +62,15 @@ def inspect_checkpoint(path: Path) -> dict:
                 piece = f.get_slice(name)
                 shapes[name] = piece.get_shape()
                 dtypes[piece.get_dtype()] += prod(shapes[name])
-    tokenizer = load_tokenizer(path)
-    specials = special_tokens(raw, tokenizer, path, model_cls)
-    return {
-        "path": str(path), "family": raw["model_type"], "architectures": raw.get("architectures", []),
-        "variant": variant(raw), "profile": default_profile(raw),
-        **shape_summary(shapes, config),
-        "dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
-        "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items()),
-        "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-        "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
-        "mask_id": specials.mask, "eos_ids": [t for t in specials.stops if t != specials.eot],
-        "end_of_turn_id": specials.eot, "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-        "warnings": warnings,
-    }
+    return shapes, {"dtype_on_disk": ", ".join(d.lower() for d, _ in dtypes.most_common()),
+                    "bytes_on_disk": sum(BYTES.get(d, 2) * n for d, n in dtypes.items())}
+
+
+def gguf_shapes(source: dict) -> dict:
+    """Published names -> torch-order shapes, from a GGUF file's tensor table (gguf_file.py)."""
+    from .gguf_file import open_checked
+
+    return {t.name: list(t.shape) for t in open_checked(Path(source["file"]))[1]}
 
 
 def shape_summary(shapes: dict, config) -> dict:

@@ -18,6 +18,9 @@ from .. import host_memory, thread_watch
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .family import family_of, read_config
+from .gguf_file import DEQUANTIZED
+from .gguf_file import state_dict as gguf_state_dict
+from .gguf_folder import source_of
 from .packed_experts import load_experts_apart
 from .placement import (
     BNB_ON_CPU_NOTE,
@@ -101,7 +104,9 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     path = Path(path).expanduser()
     raw = read_config(path)
     config, model_cls, notes = family_of(raw, path)
-    _check_weights(path)
+    gguf = source_of(path)            # a GGUF file's folder (gguf_folder.py): weights from that file
+    if gguf is None:
+        _check_weights(path)
     tokenizer = load_tokenizer(path)
     torch_dtype, device_map, dtype_choice = torch_placement(dtype, device, quantize)
     cpu_quant = quantize in CPU_FORMATS
@@ -119,7 +124,10 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     from safetensors import SafetensorError
 
     try:
-        model, report = model_cls.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
+        if gguf is not None:
+            kwargs["state_dict"] = gguf_state_dict(Path(gguf["file"]), raw, torch_dtype)
+        model, report = model_cls.from_pretrained(None if gguf else path, config=config, output_loading_info=True,
+                                                  **kwargs)
         model_cls.check_loaded(report)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
@@ -141,6 +149,11 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     loaded.info = describe(loaded)
     if dtype_choice:
         loaded.info["dtype_choice"] = dtype_choice        # what --dtype auto picked, and why
+    if gguf is not None:
+        loaded.info.update(path=gguf["file"], gguf=gguf["dtype_on_disk"])
+        if dequantized := [t for t in DEQUANTIZED if t.lower() in gguf["dtype_on_disk"]]:
+            loaded.notes.append(f"{', '.join(dequantized)} tensors dequantized to {loaded.info['dtype']} at load "
+                                "(kept quantized: not yet)")
     if loaded.device.type == "cpu":      # the CLI's thread count follows the free cores (thread_watch.py):
         model.embed.register_forward_pre_hook(thread_watch.poll)     # every forward path embeds first
     if cpu_quant:

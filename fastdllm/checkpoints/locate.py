@@ -1,5 +1,5 @@
-"""Which checkpoint directory a command means: --model as a local directory, a catalog short name
-(`dream:7b`), a hub id (downloaded when the network allows; weights, configs and tokenizer files
+"""Which checkpoint directory a command means: --model as a local directory, a GGUF file (the folder
+standing for it, gguf_folder.py), a catalog short name (`dream:7b`), a hub id (downloaded when the network allows; weights, configs and tokenizer files
 only), or the built-in model."""
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ def resolve_model_dir(spec: str | None) -> Path:
             raise UsageError("no model given and the built-in model is not installed: pass --model DIR")
         return path
     path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.is_dir():   # a llama.cpp file: a folder standing for it
+        if not path.is_file():
+            raise UserError(f"GGUF file not found: {path}")
+        from .gguf_folder import folder_for
+
+        return folder_for(path)
     if path.exists() or spec.startswith((".", "/", "~")):
         return path                                   # loading reports a missing/malformed directory
     if (builtin := builtin_model_path(spec)) is not None:

@@ -1,0 +1,203 @@
+"""A GGUF file as llama.cpp's converter writes it (docs/gguf.md): its metadata read into the published
+config.json of the family, its tensors renamed to the published names, q/k rows put back in the
+published order, and dequantized to the compute dtype. Every refusal (an architecture, a tensor type,
+a missing key, a file that is not GGUF) is one line, raised before any weight is read."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+
+READS = ("F32", "F16", "BF16", "Q8_0")            # the tensor types this part takes (docs/gguf.md)
+DEQUANTIZED = ("Q8_0",)                           # read into the compute dtype, not kept quantized yet
+NOT_YET = ("dream", "llada-moe", "rnd1")          # diffusion architectures llama.cpp writes, not read here yet
+
+# llama.cpp's names (gguf-py's tensor map for MODEL_ARCH.LLADA) -> LLaDA's published names
+_GLOBAL = {"token_embd.weight": "model.transformer.wte.weight", "output_norm.weight": "model.transformer.ln_f.weight",
+           "output.weight": "model.transformer.ff_out.weight"}
+_BLOCK = {"attn_norm.weight": "attn_norm.weight", "attn_q.weight": "q_proj.weight", "attn_k.weight": "k_proj.weight",
+          "attn_v.weight": "v_proj.weight", "attn_q.bias": "q_proj.bias", "attn_k.bias": "k_proj.bias",
+          "attn_v.bias": "v_proj.bias", "attn_output.weight": "attn_out.weight", "ffn_norm.weight": "ff_norm.weight",
+          "ffn_gate.weight": "ff_proj.weight", "ffn_up.weight": "up_proj.weight", "ffn_down.weight": "ff_out.weight"}
+_BLK = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def gguf_module():
+    try:
+        import gguf
+    except ImportError:
+        raise UserError("reading GGUF files needs the gguf package: pip install 'fastdllm[gguf]'") from None
+    return gguf
+
+
+@dataclass
+class GGUFTensor:
+    name: str                  # the published name (model.transformer.blocks.0.q_proj.weight)
+    gguf_name: str             # llama.cpp's (blk.0.attn_q.weight)
+    type: str                  # F32, F16, BF16, Q8_0
+    shape: tuple[int, ...]     # torch order: (out_features, in_features)
+    n_bytes: int
+    raw: object                # the reader's memory-mapped view of the file's bytes
+
+
+class GGUFFile:
+    """The file's metadata and tensor table, checked: open() refuses what fastdllm cannot run."""
+
+    def __init__(self, path: Path):
+        gguf = gguf_module()
+        self.path = Path(path)
+        with open(self.path, "rb") as fh:
+            if fh.read(4) != b"GGUF":
+                raise UserError(f"{self.path.name} is not a GGUF file (it does not start with the bytes GGUF)")
+        try:
+            self.reader = gguf.GGUFReader(self.path)
+        except Exception as e:   # truncated header or tensor data, an unknown version: numpy's or the reader's words
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f"{self.path.name} is truncated or damaged; the gguf package cannot read it ({reason})") from None
+        self.arch = self.value("general.architecture")
+
+    def value(self, key: str, default=None):
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str):
+        value = self.value(key)
+        if value is None:
+            raise UserError(f"{self.path.name} lacks the GGUF key {key}, which decoding needs")
+        return value
+
+    def hparam(self, key: str, default=None):
+        """`{arch}.key`: llama.cpp's per-architecture hyperparameters (llada.block_count, ...)."""
+        return self.value(f"{self.arch}.{key}", default)
+
+    def tensors(self) -> list[GGUFTensor]:
+        out = []
+        for t in self.reader.tensors:
+            kind = t.tensor_type.name
+            published = published_name(t.name)
+            # the reader lists dims fastest-first (ne0 = in_features); torch's order is the reverse
+            shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+            if t.data.nbytes != t.n_bytes:
+                raise UserError(f"{self.path.name} is truncated: tensor {t.name} has {t.data.nbytes} of its {t.n_bytes} bytes")
+            if published is None:
+                raise UserError(f"{self.path.name}: tensor {t.name} has no place in fastdllm's {self.arch} "
+                                f"(its known tensors: {', '.join([*_GLOBAL, *('blk.N.' + k for k in _BLOCK)])})")
+            out.append(GGUFTensor(published, t.name, kind, shape, int(t.n_bytes), t.data))
+        return out
+
+
+def published_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL:
+        return _GLOBAL[gguf_name]
+    m = _BLK.fullmatch(gguf_name)
+    if m and m.group(2) in _BLOCK:
+        return f"model.transformer.blocks.{m.group(1)}.{_BLOCK[m.group(2)]}"
+    return None
+
+
+def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
+    """The file and its tensor table, or the one-line refusal: architecture, tensor types, names."""
+    f = GGUFFile(path)
+    if f.arch is None:
+        raise UserError(f"{f.path.name} has no general.architecture: not a model file")
+    if f.arch != "llada":
+        what = "not read by fastdllm yet" if f.arch in NOT_YET else "not a diffusion architecture fastdllm reads"
+        raise UserError(f"{f.path.name}: GGUF architecture {f.arch!r} is {what} (it reads: llada)")
+    types = Counter()
+    first = {}
+    for t in f.reader.tensors:
+        types[t.tensor_type.name] += 1
+        first.setdefault(t.tensor_type.name, t.name)
+    refused = sorted(k for k in types if k not in READS)
+    if refused:
+        raise UserError(f"{f.path.name} holds {', '.join(refused)} tensors (e.g. {first[refused[0]]}); fastdllm reads "
+                        f"GGUF tensors of types {', '.join(READS)} so far")
+    return f, f.tensors()
+
+
+def llada_config(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
+    """LLaDA's published config.json from the metadata llama.cpp's converter writes (docs/gguf.md)."""
+    by_name = {t.name: t for t in tensors}
+    n_heads = int(f.require("llada.attention.head_count"))
+    d_model = int(f.require("llada.embedding_length"))
+    n_kv = f.hparam("attention.head_count_kv", n_heads)
+    if isinstance(n_kv, list):     # per-layer counts: llama.cpp allows them, LLaDA has one
+        raise UserError(f"{f.path.name}: per-layer llada.attention.head_count_kv; LLaDA has one count for every layer")
+    if d_model % n_heads or (rope := f.hparam("rope.dimension_count", d_model // n_heads)) != d_model // n_heads:
+        raise UserError(f"{f.path.name}: rotary dimensions {f.hparam('rope.dimension_count')} differ from the head "
+                        f"size {d_model // max(n_heads, 1)}; fastdllm's LLaDA rotates every dimension")
+    if f.hparam("rope.scaling.type", "none") not in ("none", None):
+        raise UserError(f"{f.path.name}: rope scaling {f.hparam('rope.scaling.type')!r}; LLaDA has none")
+    if f.value("diffusion.shift_logits") or f.hparam("attention.causal"):
+        raise UserError(f"{f.path.name} says shifted logits or causal attention; LLaDA has neither")
+    embed = by_name.get("model.transformer.wte.weight")
+    if embed is None:
+        raise UserError(f"{f.path.name} has no token_embd.weight tensor")
+    mask, eos = f.value("tokenizer.ggml.mask_token_id"), f.value("tokenizer.ggml.eos_token_id")
+    if mask is None:
+        raise UserError(f"{f.path.name} declares no mask token (tokenizer.ggml.mask_token_id), which decoding needs")
+    if eos is None:
+        raise UserError(f"{f.path.name} declares no end-of-text token (tokenizer.ggml.eos_token_id), which decoding needs")
+    pad = f.value("tokenizer.ggml.padding_token_id", eos)
+    return {"architectures": ["LLaDAModelLM"], "model_type": "llada",
+            "d_model": d_model, "n_heads": n_heads, "n_kv_heads": int(n_kv),
+            "n_layers": int(f.require("llada.block_count")),
+            "mlp_hidden_size": int(f.require("llada.feed_forward_length")),
+            "vocab_size": int(f.hparam("vocab_size", embed.shape[0])), "embedding_size": embed.shape[0],
+            "max_sequence_length": int(f.require("llada.context_length")),
+            "rope_theta": float(f.hparam("rope.freq_base", 10000.0)),       # llama.cpp's default where absent
+            "rms_norm_eps": float(f.require("llada.attention.layer_norm_rms_epsilon")),
+            "mask_token_id": int(mask), "eos_token_id": int(eos), "pad_token_id": int(pad),
+            "weight_tying": "model.transformer.ff_out.weight" not in by_name,     # llama.cpp: output = token_embd
+            "include_qkv_bias": "model.transformer.blocks.0.q_proj.bias" in by_name,
+            "include_bias": False, "block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms",
+            "rope": True, "alibi": False, "attention_layer_norm": False, "scale_logits": False,
+            "input_emb_norm": False, "torch_dtype": "float32"}
+
+
+def unpermute_rows(w, n_heads: int):
+    """Undo the converter's q/k permutation: per head, llama.cpp keeps rotary pairs interleaved
+    (rows 2i, 2i+1 of a head) where LLaDA's checkpoint has them in halves (rows i, i + hd/2).
+    w: (n_heads * hd, ...) -> the same shape, each head's rows back in halves."""
+    hd = w.shape[0] // n_heads
+    return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def state_dict(path: Path, config: dict, dtype) -> dict:
+    """The published-name state dict in `dtype`: F32/F16/BF16 converted, Q8_0 dequantized by the
+    gguf package (its own dequantize, float32, then `dtype`), q/k rows un-permuted."""
+    import numpy as np
+    import torch
+
+    gguf = gguf_module()
+    f, tensors = open_checked(path)
+    heads = {"q_proj": config["n_heads"], "k_proj": config["n_kv_heads"]}
+    out = {}
+    for t in tensors:
+        if t.type in ("F32", "F16"):
+            array = np.array(t.raw, dtype=np.float32).reshape(t.shape)     # a copy: the reader maps the file read-only
+        else:                                     # BF16, Q8_0: raw bytes, the package decodes them
+            array = gguf.quants.dequantize(t.raw, gguf.GGMLQuantizationType[t.type]).reshape(t.shape)
+        module = t.name.rsplit(".", 2)[-2]
+        if module in heads:
+            array = unpermute_rows(array, heads[module])
+        out[t.name] = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+    return out
+
+
+def summary(tensors: list[GGUFTensor]) -> dict:
+    """What `info` shows of the file: types by element count, bytes, and what loading does to them."""
+    counts = Counter()
+    for t in tensors:
+        n = 1
+        for s in t.shape:
+            n *= s
+        counts[t.type] += n
+    types = [k.lower() for k, _ in counts.most_common()]
+    dequantized = [k for k in counts if k in DEQUANTIZED]
+    how = f"; {', '.join(dequantized)} dequantized to the compute dtype at load, not kept quantized yet" if dequantized else ""
+    return {"dtype_on_disk": f"{', '.join(types)} (GGUF{how})", "bytes_on_disk": sum(t.n_bytes for t in tensors)}

@@ -1,0 +1,310 @@
+"""GGUF files (checkpoints/gguf_file.py, gguf_folder.py): the tiny LLaDA checkpoint written as
+llama.cpp's converter writes it (metadata keys, tensor names, q/k rows permuted, F32 / BF16 / Q8_0 as
+its --outtype picks them), then decoded by fastdllm: the same tokens and NFE as the safetensors
+folder in float64, Q8_0 as the gguf package's own quantize -> dequantize of the same weights."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastdllm.checkpoints import loading
+from fastdllm.checkpoints.locate import resolve_model_dir
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
+
+from one_line import one_line_refusal
+
+gguf = pytest.importorskip("gguf")
+np = pytest.importorskip("numpy")
+
+pytestmark = pytest.mark.fast
+
+CFG = DecodeConfig(gen_len=24, block_len=8, cache="dual", rule="threshold", threshold=0.7, early_stop=False)
+PROMPTS = ["Hi.", "What is 2 + 2?"]
+
+
+# --- the writer: llama.cpp's convert_hf_to_gguf.py (conversion/llada.py, base.py) as docs/gguf.md says ---
+
+def converter_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Per head, rows in halves (i, i + hd/2) -> interleaved pairs (2i, 2i+1): llama.cpp's rope order."""
+    hd = w.shape[0] // n_heads
+    out = np.empty_like(w)
+    for h in range(n_heads):
+        head = w[h * hd:(h + 1) * hd]
+        out[h * hd:(h + 1) * hd][0::2] = head[:hd // 2]
+        out[h * hd:(h + 1) * hd][1::2] = head[hd // 2:]
+    return out
+
+
+GGUF_NAMES = {"model.transformer.wte.weight": "token_embd.weight", "model.transformer.ln_f.weight": "output_norm.weight",
+              "model.transformer.ff_out.weight": "output.weight"}
+BLOCK_NAMES = {"attn_norm": "attn_norm", "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v",
+               "attn_out": "attn_output", "ff_norm": "ffn_norm", "ff_proj": "ffn_gate", "up_proj": "ffn_up",
+               "ff_out": "ffn_down"}
+
+
+def folder_weights(src: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    return weights
+
+
+def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", *, skip_keys=(),
+               extra_tensor: tuple[str, str] | None = None) -> Path:
+    """`outtype`: F32, BF16 or Q8_0 for the 2-D weights; norms stay F32 (the converter's rule)."""
+    config = json.loads((src / "config.json").read_text())
+    tok_config = json.loads((src / "tokenizer_config.json").read_text())
+    tok_json = json.loads((src / "tokenizer.json").read_text())
+    w = gguf.GGUFWriter(out, arch)
+    hd = config["d_model"] // config["n_heads"]
+    keys = [("block_count", w.add_block_count, config["n_layers"]),
+            ("context_length", w.add_context_length, config["max_sequence_length"]),
+            ("embedding_length", w.add_embedding_length, config["d_model"]),
+            ("feed_forward_length", w.add_feed_forward_length, config["mlp_hidden_size"]),
+            ("attention.head_count", w.add_head_count, config["n_heads"]),
+            ("attention.head_count_kv", w.add_head_count_kv, config["n_kv_heads"]),
+            ("rope.freq_base", w.add_rope_freq_base, config["rope_theta"]),
+            ("attention.layer_norm_rms_epsilon", w.add_layer_norm_rms_eps, config["rms_norm_eps"]),
+            ("vocab_size", w.add_vocab_size, config["vocab_size"]),
+            ("rope.dimension_count", w.add_rope_dimension_count, hd),
+            ("tokenizer.ggml.mask_token_id", w.add_mask_token_id, config["mask_token_id"])]
+    for key, add, value in keys:
+        if key not in skip_keys:
+            add(value)
+    w.add_causal_attention(False)
+    w.add_diffusion_shift_logits(False)
+    w.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+                     "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}.get(outtype, gguf.LlamaFileType.ALL_F32))
+    # the vocabulary (_set_vocab_gpt2): every id below vocab_size, added special tokens as CONTROL
+    vocab = tok_json["model"]["vocab"]
+    added = {t["content"]: t["id"] for t in tok_json["added_tokens"]}
+    by_id = {i: t for t, i in {**vocab, **added}.items()}
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(config["vocab_size"])]
+    types = [gguf.TokenType.CONTROL if t in added else gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED
+             for i, t in enumerate(tokens)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
+    w.add_bos_token_id(added[tok_config["bos_token"]])
+    w.add_eos_token_id(added[tok_config["eos_token"]])
+    w.add_pad_token_id(added[tok_config["pad_token"]])
+    w.add_add_bos_token(True)
+    w.add_chat_template(tok_config["chat_template"])
+    for name, tensor in folder_weights(src).items():
+        data = tensor.float().numpy()
+        if m := re.fullmatch(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.weight", name):
+            new = f"blk.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}.weight"
+            if m.group(2) in ("q_proj", "k_proj"):
+                data = converter_permute(data, config["n_heads" if m.group(2) == "q_proj" else "n_kv_heads"])
+        else:
+            new = GGUF_NAMES[name]
+        add_tensor(w, new, data, "F32" if data.ndim == 1 or new.endswith("_norm.weight") else outtype)
+    if extra_tensor:
+        extra(w, *extra_tensor)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def add_tensor(w, name: str, data: np.ndarray, qtype: str) -> None:
+    kind = gguf.GGMLQuantizationType[qtype]
+    w.add_tensor(name, data.astype(np.float32) if qtype == "F32" else gguf.quants.quantize(data, kind), raw_dtype=kind)
+
+
+def extra(w, name: str, qtype: str) -> None:
+    """A tensor the converter would not write for LLaDA: 256 zeros (one k-quant block) of `qtype`."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    w.add_tensor(name, np.zeros((1, 256 // block * size), np.uint8) if qtype != "F32" else np.zeros(256, np.float32),
+                 raw_dtype=kind)
+
+
+def round_tripped(src: Path, out: Path, qtype: str) -> Path:
+    """The folder with its 2-D weights through the gguf package's quantize -> dequantize (fp32 on disk)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, out)
+    for shard in sorted(out.glob("*.safetensors")):
+        from safetensors.torch import load_file
+
+        kind = gguf.GGMLQuantizationType[qtype]
+        weights = {n: (torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(t.float().numpy(), kind), kind))
+                       if t.ndim == 2 else t.float()) for n, t in load_file(shard).items()}
+        save_file(weights, shard, metadata={"format": "pt"})
+    return out
+
+
+# --- fixtures ---
+
+@pytest.fixture(scope="module")
+def files(llada_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    return {t: write_gguf(llada_dir, root / f"tiny-llada-{t}.gguf", t) for t in ("F32", "BF16", "Q8_0")}
+
+
+def decode(lm) -> list:
+    prompts = [lm.encode(p, chat=True) for p in PROMPTS]
+    return [(r.canvas[0].tolist(), r.nfe) for r in (run(lm.decoder, [p], CFG) for p in prompts)]
+
+
+# --- exactness ---
+
+@pytest.mark.parametrize("outtype", ["F32", "BF16"])
+def test_float_gguf_decodes_as_the_folder(llada_dir, llada64, files, outtype, one_thread):
+    lm = loading.load(resolve_model_dir(str(files[outtype])), dtype="fp64")
+    assert lm.specials == llada64.specials
+    for p in PROMPTS:        # the rebuilt tokenizer and chat template give the same ids
+        assert lm.encode(p, chat=True) == llada64.encode(p, chat=True)
+        assert lm.encode(p, chat=False) == llada64.encode(p, chat=False)
+    got, want = decode(lm), decode(llada64)
+    assert got == want                               # tokens and NFE, exactly
+    assert len({tuple(c) for c, _ in want}) == len(PROMPTS) and any(n < CFG.gen_len for _, n in want)
+
+
+def test_unpermuted_weights_equal_the_folder(llada_dir, files):
+    from fastdllm.checkpoints.gguf_file import state_dict
+
+    config = json.loads((resolve_model_dir(str(files["F32"])) / "config.json").read_text())
+    got = state_dict(files["F32"], config, torch.float64)
+    want = folder_weights(llada_dir)
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor.double()), name
+
+
+def test_q8_0_decodes_as_the_round_tripped_weights(llada_dir, files, tmp_path, one_thread):
+    lm = loading.load(resolve_model_dir(str(files["Q8_0"])), dtype="fp64")
+    twin = loading.load(round_tripped(llada_dir, tmp_path / "q8-round-trip", "Q8_0"), dtype="fp64")
+    assert decode(lm) == decode(twin)
+    assert any("Q8_0" in n and "dequantized" in n for n in lm.notes)
+
+
+def test_q8_0_weights_are_the_packages_round_trip(llada_dir, files):
+    from fastdllm.checkpoints.gguf_file import state_dict
+
+    config = json.loads((resolve_model_dir(str(files["Q8_0"])) / "config.json").read_text())
+    got = state_dict(files["Q8_0"], config, torch.float32)
+    kind = gguf.GGMLQuantizationType.Q8_0
+    for name, tensor in folder_weights(llada_dir).items():
+        if tensor.ndim == 1:
+            assert torch.equal(got[name], tensor.float()), name
+        else:
+            want = gguf.quants.dequantize(gguf.quants.quantize(tensor.float().numpy(), kind), kind)
+            assert torch.equal(got[name], torch.from_numpy(want)), name
+            assert not torch.equal(got[name], tensor.float()), name          # really quantized
+
+
+# --- refusals: one line each, before any weight is read ---
+
+@pytest.fixture
+def no_weights_read(monkeypatch):
+    """Loading must not get as far as the tensors."""
+    from fastdllm.checkpoints import gguf_file
+
+    def refuse(*a, **k):
+        raise AssertionError("weights read before the refusal")
+    monkeypatch.setattr(gguf_file, "state_dict", refuse)
+    monkeypatch.setattr(loading, "gguf_state_dict", refuse)
+
+
+@pytest.mark.parametrize("arch, message", [("dream", "GGUF architecture 'dream' is not read by fastdllm yet (it reads: llada)"),
+                                           ("llada-moe", "'llada-moe' is not read by fastdllm yet"),
+                                           ("llama", "'llama' is not a diffusion architecture fastdllm reads")])
+def test_other_architectures_are_refused_by_name(llada_dir, tmp_path, arch, message, no_weights_read):
+    path = write_gguf(llada_dir, tmp_path / f"{arch}.gguf", arch=arch)
+    one_line_refusal(lambda: resolve_model_dir(str(path)), message)
+
+
+def test_other_tensor_types_are_refused_by_name(llada_dir, tmp_path, no_weights_read):
+    q4 = write_gguf(llada_dir, tmp_path / "q4_0.gguf", "Q4_0")
+    one_line_refusal(lambda: resolve_model_dir(str(q4)), "q4_0.gguf holds Q4_0 tensors (e.g. ")
+    one_line_refusal(lambda: resolve_model_dir(str(q4)), "; fastdllm reads GGUF tensors of types F32, F16, BF16, Q8_0 so far")
+    k_quant = write_gguf(llada_dir, tmp_path / "q4_k.gguf", "Q8_0", extra_tensor=("blk.0.extra.weight", "Q4_K"))
+    one_line_refusal(lambda: resolve_model_dir(str(k_quant)), "holds Q4_K tensors (e.g. blk.0.extra.weight)")
+
+
+def test_tensors_llada_has_no_place_for_are_refused(llada_dir, tmp_path, no_weights_read):
+    path = write_gguf(llada_dir, tmp_path / "bias.gguf", extra_tensor=("blk.0.attn_output.bias", "F32"))
+    one_line_refusal(lambda: resolve_model_dir(str(path)), "tensor blk.0.attn_output.bias has no place in fastdllm's llada")
+
+
+@pytest.mark.parametrize("key, message", [("tokenizer.ggml.mask_token_id", "declares no mask token (tokenizer.ggml.mask_token_id)"),
+                                          ("block_count", "lacks the GGUF key llada.block_count, which decoding needs"),
+                                          ("context_length", "lacks the GGUF key llada.context_length")])
+def test_missing_keys_decoding_needs_are_refused(llada_dir, tmp_path, key, message, no_weights_read):
+    path = write_gguf(llada_dir, tmp_path / "missing.gguf", skip_keys=(key,))
+    one_line_refusal(lambda: resolve_model_dir(str(path)), message)
+
+
+def test_bad_files_are_one_line(files, tmp_path, no_weights_read):
+    text = tmp_path / "notes.gguf"
+    text.write_text("these are not weights\n" * 10)
+    one_line_refusal(lambda: resolve_model_dir(str(text)), "notes.gguf is not a GGUF file (it does not start with the bytes GGUF)")
+    data = files["F32"].read_bytes()
+    for cut in (len(data) - 10, len(data) // 2, 100):      # in the tensor data, in the metadata
+        short = tmp_path / f"cut-{cut}.gguf"
+        short.write_bytes(data[:cut])
+        one_line_refusal(lambda: resolve_model_dir(str(short)), f"cut-{cut}.gguf is truncated or damaged")
+    short.write_bytes(data[:3])
+    one_line_refusal(lambda: resolve_model_dir(str(short)), "is not a GGUF file")
+    one_line_refusal(lambda: resolve_model_dir(str(tmp_path / "absent.gguf")), "GGUF file not found")
+
+
+def test_without_the_gguf_package_one_line_names_the_extra(files, monkeypatch):
+    import sys
+
+    other = files["F32"].with_name("unseen.gguf")        # no folder made for it yet
+    other.write_bytes(files["F32"].read_bytes())
+    monkeypatch.setitem(sys.modules, "gguf", None)        # import gguf -> ImportError
+    one_line_refusal(lambda: resolve_model_dir(str(other)), "reading GGUF files needs the gguf package: "
+                                                            "pip install 'fastdllm[gguf]'")
+
+
+# --- the CLI: `-m FILE.gguf` as a folder is taken ---
+
+def test_cli_info_on_a_gguf_file(llada_dir, files):
+    from test_cli import invoke
+
+    r = invoke("info", "-m", files["Q8_0"], "--json")
+    assert r.exit_code == 0, r.stderr
+    got, want = json.loads(r.stdout), json.loads(invoke("info", "-m", llada_dir, "--json").stdout)
+    assert got["path"] == str(files["Q8_0"].resolve()) and got["family"] == "llada"
+    assert got["dtype_on_disk"].startswith("q8_0, f32 (GGUF; Q8_0 dequantized to the compute dtype at load")
+    for key in ("parameters", "layers", "hidden_size", "context_length", "vocab_size", "mask_id", "eos_ids",
+                "end_of_turn_id", "chat_template", "memory"):
+        assert got[key] == want[key], key
+
+
+def test_cli_generate_on_a_gguf_file_gives_the_folders_answer(llada_dir, files):
+    from test_cli import SMALL, invoke
+
+    args = ["generate", *SMALL, "--dtype", "fp32", "--threshold", "0.7", "--json", "Hello there"]
+    got = invoke(*args[:1], "-m", files["F32"], *args[1:])
+    assert got.exit_code == 0, got.stderr
+    want = json.loads(invoke(*args[:1], "-m", llada_dir, *args[1:]).stdout)
+    got = json.loads(got.stdout)
+    assert (got["ids"], got["nfe"], got["text"]) == (want["ids"], want["nfe"], want["text"])
+    assert got["model"]["family"] == "llada"
+
+
+def test_cli_refusal_is_one_line_exit_1(llada_dir, tmp_path):
+    from test_cli import invoke
+
+    path = write_gguf(llada_dir, tmp_path / "q4.gguf", "Q4_0")
+    r = invoke("generate", "-m", path, "-n", "8", "Hello")
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "holds Q4_0 tensors" in r.stderr
