@@ -81,8 +81,8 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
             add(value)
     w.add_causal_attention(False)
     w.add_diffusion_shift_logits(False)
-    w.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "BF16": gguf.LlamaFileType.MOSTLY_BF16,
-                     "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}.get(outtype, gguf.LlamaFileType.ALL_F32))
+    file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0"}
+    w.add_file_type(gguf.LlamaFileType[file_types.get(outtype, "ALL_F32")])
     # the vocabulary (_set_vocab_gpt2): every id below vocab_size, added special tokens as CONTROL
     vocab = tok_json["model"]["vocab"]
     added = {t["content"]: t["id"] for t in tok_json["added_tokens"]}
@@ -135,13 +135,11 @@ def round_tripped(src: Path, out: Path, qtype: str) -> Path:
     """The folder with its 2-D weights through the gguf package's quantize -> dequantize (fp32 on disk)."""
     import shutil
 
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, out)
+    kind = gguf.GGMLQuantizationType[qtype]
     for shard in sorted(out.glob("*.safetensors")):
-        from safetensors.torch import load_file
-
-        kind = gguf.GGMLQuantizationType[qtype]
         weights = {n: (torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(t.float().numpy(), kind), kind))
                        if t.ndim == 2 else t.float()) for n, t in load_file(shard).items()}
         save_file(weights, shard, metadata={"format": "pt"})
@@ -170,20 +168,25 @@ def test_float_gguf_decodes_as_the_folder(llada_dir, llada64, files, outtype, on
     for p in PROMPTS:        # the rebuilt tokenizer and chat template give the same ids
         assert lm.encode(p, chat=True) == llada64.encode(p, chat=True)
         assert lm.encode(p, chat=False) == llada64.encode(p, chat=False)
+    text = "  Café: x = 12345;\n\tdef f(): return 'ok'  # ünïcode <|endoftext|>"
+    assert lm.encode(text, chat=False) == llada64.encode(text, chat=False)
+    assert lm.detokenize(lm.encode(text, chat=False)) == llada64.detokenize(llada64.encode(text, chat=False))
     got, want = decode(lm), decode(llada64)
     assert got == want                               # tokens and NFE, exactly
     assert len({tuple(c) for c, _ in want}) == len(PROMPTS) and any(n < CFG.gen_len for _, n in want)
 
 
-def test_unpermuted_weights_equal_the_folder(llada_dir, files):
+@pytest.mark.parametrize("outtype, dtype", [("F32", torch.float32), ("F16", torch.float16), ("BF16", torch.bfloat16)])
+def test_unpermuted_weights_equal_the_folder(llada_dir, files, tmp_path, outtype, dtype):
     from fastdllm.checkpoints.gguf_file import state_dict
 
-    config = json.loads((resolve_model_dir(str(files["F32"])) / "config.json").read_text())
-    got = state_dict(files["F32"], config, torch.float64)
+    path = files.get(outtype) or write_gguf(llada_dir, tmp_path / f"{outtype}.gguf", outtype)
+    config = json.loads((resolve_model_dir(str(path)) / "config.json").read_text())
+    got = state_dict(path, config, torch.float64)
     want = folder_weights(llada_dir)
     assert got.keys() == want.keys()
-    for name, tensor in want.items():
-        assert torch.equal(got[name], tensor.double()), name
+    for name, tensor in want.items():        # norms stay F32 in every file (the converter's rule)
+        assert torch.equal(got[name], tensor.to(dtype if tensor.ndim == 2 else torch.float32).double()), name
 
 
 def test_q8_0_decodes_as_the_round_tripped_weights(llada_dir, files, tmp_path, one_thread):
