@@ -58,7 +58,7 @@ def folder_weights(src: Path) -> dict[str, torch.Tensor]:
 
 
 def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", *, skip_keys=(),
-               extra_tensor: tuple[str, str] | None = None) -> Path:
+               extra_tensor: tuple[str, str] | None = None, hook=None) -> Path:
     """`outtype`: F32, BF16 or Q8_0 for the 2-D weights; norms stay F32 (the converter's rule)."""
     config = json.loads((src / "config.json").read_text())
     tok_config = json.loads((src / "tokenizer_config.json").read_text())
@@ -92,7 +92,8 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
              for i, t in enumerate(tokens)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
+    if "tokenizer.ggml.tokens" not in skip_keys:
+        w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
     w.add_bos_token_id(added[tok_config["bos_token"]])
@@ -111,6 +112,8 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
         add_tensor(w, new, data, "F32" if data.ndim == 1 or new.endswith("_norm.weight") else outtype)
     if extra_tensor:
         extra(w, *extra_tensor)
+    if hook:
+        hook(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -247,10 +250,16 @@ def test_tensors_llada_has_no_place_for_are_refused(llada_dir, tmp_path, no_weig
 
 @pytest.mark.parametrize("key, message", [("tokenizer.ggml.mask_token_id", "declares no mask token (tokenizer.ggml.mask_token_id)"),
                                           ("block_count", "lacks the GGUF key llada.block_count, which decoding needs"),
-                                          ("context_length", "lacks the GGUF key llada.context_length")])
+                                          ("context_length", "lacks the GGUF key llada.context_length"),
+                                          ("tokenizer.ggml.tokens", "lacks the GGUF key tokenizer.ggml.tokens")])
 def test_missing_keys_decoding_needs_are_refused(llada_dir, tmp_path, key, message, no_weights_read):
     path = write_gguf(llada_dir, tmp_path / "missing.gguf", skip_keys=(key,))
     one_line_refusal(lambda: resolve_model_dir(str(path)), message)
+
+
+def test_split_files_are_refused(llada_dir, tmp_path, no_weights_read):
+    path = write_gguf(llada_dir, tmp_path / "x-00001-of-00002.gguf", hook=lambda w: w.add_uint16("split.count", 2))
+    one_line_refusal(lambda: resolve_model_dir(str(path)), "is one of 2 parts of a split GGUF file")
 
 
 def test_bad_files_are_one_line(files, tmp_path, no_weights_read):

@@ -45,7 +45,8 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """The file's metadata and tensor table, checked: open() refuses what fastdllm cannot run."""
+    """The file's metadata and tensor table as the gguf package reads them (open_checked refuses
+    what fastdllm cannot run)."""
 
     def __init__(self, path: Path):
         gguf = gguf_module()
@@ -64,11 +65,11 @@ class GGUFFile:
         field = self.reader.fields.get(key)
         return default if field is None else field.contents()
 
-    def require(self, key: str):
-        value = self.value(key)
-        if value is None:
+    def require(self, key: str, read: bool = True):
+        """The key's value (`read=False`: only its presence, for the 100k-entry vocabulary arrays)."""
+        if key not in self.reader.fields:
             raise UserError(f"{self.path.name} lacks the GGUF key {key}, which decoding needs")
-        return value
+        return self.value(key) if read else None
 
     def hparam(self, key: str, default=None):
         """`{arch}.key`: llama.cpp's per-architecture hyperparameters (llada.block_count, ...)."""
@@ -104,6 +105,9 @@ def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
     f = GGUFFile(path)
     if f.arch is None:
         raise UserError(f"{f.path.name} has no general.architecture: not a model file")
+    if (parts := f.value("split.count", 1)) > 1:         # llama.cpp's gguf-split: the tensors are in N files
+        raise UserError(f"{f.path.name} is one of {parts} parts of a split GGUF file; fastdllm reads whole files "
+                        "so far (llama.cpp's gguf-split --merge joins them)")
     if f.arch != "llada":
         what = "not read by fastdllm yet" if f.arch in NOT_YET else "not a diffusion architecture fastdllm reads"
         raise UserError(f"{f.path.name}: GGUF architecture {f.arch!r} is {what} (it reads: llada)")

@@ -62,7 +62,7 @@ def write_tokenizer(path: Path, out: Path, f) -> None:
     from .specials import quiet_transformers
 
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
-        f.require(key)
+        f.require(key, read=False)
     quiet_transformers()
     try:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
