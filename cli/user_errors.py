@@ -19,7 +19,7 @@ DEBUG_FLAG = {"debug": (bool, typer.Option("--debug", help="Show Python tracebac
 
 # the modules of each optional extra (pyproject.toml): a command that meets one missing names its extra
 EXTRAS = {"lm_eval": "eval", "datasets": "eval", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
-          "matplotlib": "plot", "llguidance": "structured", "bitsandbytes": "quant"}
+          "matplotlib": "plot", "llguidance": "structured", "bitsandbytes": "quant", "gguf": "gguf"}
 
 
 def needs_extra(module: str, command: str) -> str | None:
