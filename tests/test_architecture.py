@@ -1,18 +1,23 @@
 """The layout is the architecture (docs/architecture.md): imports run downwards only, no consumer
-imports a sibling consumer, no import circles, and the modules read by `--help` and flag checks
-never import torch. Read from the source files' own import statements (ast), not by importing."""
+imports a sibling consumer, no import circles, the modules read by `--help` and flag checks
+never import torch, and the doc names every module. Read from the source files' own import
+statements (ast), not by importing."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import fastdllm
 
 PACKAGE = Path(fastdllm.__file__).resolve().parent
 CLI = PACKAGE / "cli" if (PACKAGE / "cli").is_dir() else PACKAGE.parent / "cli"   # installed / checkout
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 # layer of each top-level part of fastdllm; a module may import its own part or a lower layer
 LAYERS = {"errors": 0, "units": 0, "thread_watch": 0, "source_tree": 0, "cache_folder": 0, "host_memory": 0, "code_execution": 0, "threads": 1, "models": 1, "decode": 2, "training": 2, "checkpoints": 3,
@@ -101,3 +106,29 @@ def test_help_and_flag_checks_never_import_torch(tmp_path):
     # outside the checkout: there `python -c` would import its source tree, which has no fastdllm.cli
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert out.strip() == "[]"
+
+
+def module_paths() -> set[str]:
+    """Every module as docs/architecture.md names it: its path in the package (`decode/step.py`),
+    the CLI's under `cli/`."""
+    found = set()
+    for root, prefix in ((PACKAGE, ""), (CLI, "cli/")):
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).as_posix()
+            if root == PACKAGE and rel.split("/")[0] in ("cli", "builtin_profiles"):
+                continue
+            found.add(prefix + rel)
+    return found
+
+
+@pytest.mark.skipif(not DOC.is_file(), reason="docs/ is in a checkout only")
+def test_the_architecture_doc_names_every_module_and_no_other():
+    doc = DOC.read_text(encoding="utf-8")
+    modules = module_paths()
+    # the whole path: `errors.py` inside `cli/user_errors.py` or `models/__init__.py` names neither
+    unnamed = [m for m in modules if not re.search(rf"(?<![\w./]){re.escape(m)}(?!\w)", doc)]
+    assert sorted(unnamed) == []
+    folders = {m.split("/")[0] for m in modules if "/" in m}
+    # a path named in the doc under one of the package's folders is a module that exists
+    stale = {p for p in re.findall(r"`([\w/]+\.py)`", doc) if p.split("/")[0] in folders and "/" in p}
+    assert sorted(stale - modules) == []
