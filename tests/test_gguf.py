@@ -227,8 +227,8 @@ def no_weights_read(monkeypatch):
     monkeypatch.setattr(loading, "gguf_state_dict", refuse)
 
 
-@pytest.mark.parametrize("arch, message", [("dream", "GGUF architecture 'dream' is not read by fastdllm yet (it reads: llada)"),
-                                           ("llada-moe", "'llada-moe' is not read by fastdllm yet"),
+@pytest.mark.parametrize("arch, message", [("llada-moe", "GGUF architecture 'llada-moe' is not read by fastdllm yet "
+                                                        "(it reads: llada, dream, rnd1)"),
                                            ("llama", "'llama' is not a diffusion architecture fastdllm reads")])
 def test_other_architectures_are_refused_by_name(llada_dir, tmp_path, arch, message, no_weights_read):
     path = write_gguf(llada_dir, tmp_path / f"{arch}.gguf", arch=arch)

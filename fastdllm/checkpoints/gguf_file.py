@@ -5,25 +5,15 @@ a missing key, a file that is not GGUF) is one line, raised before any weight is
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from .gguf_arch import Arch, arch_of, check_common, dream_config, rnd1_config, specials
 
 READS = ("F32", "F16", "BF16", "Q8_0")            # the tensor types this part takes (docs/gguf.md)
 DEQUANTIZED = ("Q8_0",)                           # read into the compute dtype, not kept quantized yet
-NOT_YET = ("dream", "llada-moe", "rnd1")          # diffusion architectures llama.cpp writes, not read here yet
-
-# llama.cpp's names (gguf-py's tensor map for MODEL_ARCH.LLADA) -> LLaDA's published names
-_GLOBAL = {"token_embd.weight": "model.transformer.wte.weight", "output_norm.weight": "model.transformer.ln_f.weight",
-           "output.weight": "model.transformer.ff_out.weight"}
-_BLOCK = {"attn_norm.weight": "attn_norm.weight", "attn_q.weight": "q_proj.weight", "attn_k.weight": "k_proj.weight",
-          "attn_v.weight": "v_proj.weight", "attn_q.bias": "q_proj.bias", "attn_k.bias": "k_proj.bias",
-          "attn_v.bias": "v_proj.bias", "attn_output.weight": "attn_out.weight", "ffn_norm.weight": "ff_norm.weight",
-          "ffn_gate.weight": "ff_proj.weight", "ffn_up.weight": "up_proj.weight", "ffn_down.weight": "ff_out.weight"}
-_BLK = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 def gguf_module():
@@ -75,29 +65,20 @@ class GGUFFile:
         """`{arch}.key`: llama.cpp's per-architecture hyperparameters (llada.block_count, ...)."""
         return self.value(f"{self.arch}.{key}", default)
 
-    def tensors(self) -> list[GGUFTensor]:
+    def tensors(self, arch: Arch) -> list[GGUFTensor]:
         out = []
         for t in self.reader.tensors:
             kind = t.tensor_type.name
-            published = published_name(t.name)
+            published = arch.published(t.name)
             # the reader lists dims fastest-first (ne0 = in_features); torch's order is the reverse
             shape = tuple(int(n) for n in reversed(t.shape.tolist()))
             if t.data.nbytes != t.n_bytes:
                 raise UserError(f"{self.path.name} is truncated: tensor {t.name} has {t.data.nbytes} of its {t.n_bytes} bytes")
             if published is None:
                 raise UserError(f"{self.path.name}: tensor {t.name} has no place in fastdllm's {self.arch} "
-                                f"(its known tensors: {', '.join([*_GLOBAL, *('blk.N.' + k for k in _BLOCK)])})")
+                                f"(its known tensors: {arch.known()})")
             out.append(GGUFTensor(published, t.name, kind, shape, int(t.n_bytes), t.data))
         return out
-
-
-def published_name(gguf_name: str) -> str | None:
-    if gguf_name in _GLOBAL:
-        return _GLOBAL[gguf_name]
-    m = _BLK.fullmatch(gguf_name)
-    if m and m.group(2) in _BLOCK:
-        return f"model.transformer.blocks.{m.group(1)}.{_BLOCK[m.group(2)]}"
-    return None
 
 
 def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
@@ -108,9 +89,7 @@ def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
     if (parts := f.value("split.count", 1)) > 1:         # llama.cpp's gguf-split: the tensors are in N files
         raise UserError(f"{f.path.name} is one of {parts} parts of a split GGUF file; fastdllm reads whole files "
                         "so far (llama.cpp's gguf-split --merge joins them)")
-    if f.arch != "llada":
-        what = "not read by fastdllm yet" if f.arch in NOT_YET else "not a diffusion architecture fastdllm reads"
-        raise UserError(f"{f.path.name}: GGUF architecture {f.arch!r} is {what} (it reads: llada)")
+    arch = arch_of(f)
     types = Counter()
     first = {}
     for t in f.reader.tensors:
@@ -120,33 +99,28 @@ def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
     if refused:
         raise UserError(f"{f.path.name} holds {', '.join(refused)} tensors (e.g. {first[refused[0]]}); fastdllm reads "
                         f"GGUF tensors of types {', '.join(READS)} so far")
-    return f, f.tensors()
+    return f, f.tensors(arch)
 
 
-def llada_config(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
-    """LLaDA's published config.json from the metadata llama.cpp's converter writes (docs/gguf.md)."""
+def config_for(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
+    """The family's published config.json from the metadata llama.cpp's converter writes (docs/gguf.md)."""
+    arch = arch_of(f)
     by_name = {t.name: t for t in tensors}
+    build = {"llada": llada_config, "dream": dream_config, "rnd1": rnd1_config}[arch.name]
+    return build(f, arch, by_name)
+
+
+def llada_config(f: GGUFFile, arch: Arch, by_name: dict) -> dict:
+    """LLaDA's published config.json (docs/gguf.md section 2)."""
     n_heads = int(f.require("llada.attention.head_count"))
     d_model = int(f.require("llada.embedding_length"))
+    if d_model % n_heads:
+        raise UserError(f"{f.path.name}: llada.embedding_length {d_model} is not a multiple of the {n_heads} heads")
+    check_common(f, arch, d_model // n_heads)
     n_kv = f.hparam("attention.head_count_kv", n_heads)
-    if isinstance(n_kv, list):     # per-layer counts: llama.cpp allows them, LLaDA has one
-        raise UserError(f"{f.path.name}: per-layer llada.attention.head_count_kv; LLaDA has one count for every layer")
-    if d_model % n_heads or (rope := f.hparam("rope.dimension_count", d_model // n_heads)) != d_model // n_heads:
-        raise UserError(f"{f.path.name}: rotary dimensions {f.hparam('rope.dimension_count')} differ from the head "
-                        f"size {d_model // max(n_heads, 1)}; fastdllm's LLaDA rotates every dimension")
-    if f.hparam("rope.scaling.type", "none") not in ("none", None):
-        raise UserError(f"{f.path.name}: rope scaling {f.hparam('rope.scaling.type')!r}; LLaDA has none")
-    if f.value("diffusion.shift_logits") or f.hparam("attention.causal"):
-        raise UserError(f"{f.path.name} says shifted logits or causal attention; LLaDA has neither")
     embed = by_name.get("model.transformer.wte.weight")
     if embed is None:
         raise UserError(f"{f.path.name} has no token_embd.weight tensor")
-    mask, eos = f.value("tokenizer.ggml.mask_token_id"), f.value("tokenizer.ggml.eos_token_id")
-    if mask is None:
-        raise UserError(f"{f.path.name} declares no mask token (tokenizer.ggml.mask_token_id), which decoding needs")
-    if eos is None:
-        raise UserError(f"{f.path.name} declares no end-of-text token (tokenizer.ggml.eos_token_id), which decoding needs")
-    pad = f.value("tokenizer.ggml.padding_token_id", eos)
     return {"architectures": ["LLaDAModelLM"], "model_type": "llada",
             "d_model": d_model, "n_heads": n_heads, "n_kv_heads": int(n_kv),
             "n_layers": int(f.require("llada.block_count")),
@@ -154,8 +128,7 @@ def llada_config(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
             "vocab_size": int(f.hparam("vocab_size", embed.shape[0])), "embedding_size": embed.shape[0],
             "max_sequence_length": int(f.require("llada.context_length")),
             "rope_theta": float(f.hparam("rope.freq_base", 10000.0)),       # llama.cpp's default where absent
-            "rms_norm_eps": float(f.require("llada.attention.layer_norm_rms_epsilon")),
-            "mask_token_id": int(mask), "eos_token_id": int(eos), "pad_token_id": int(pad),
+            "rms_norm_eps": float(f.require("llada.attention.layer_norm_rms_epsilon")), **specials(f),
             "weight_tying": "model.transformer.ff_out.weight" not in by_name,     # llama.cpp: output = token_embd
             "include_qkv_bias": "model.transformer.blocks.0.q_proj.bias" in by_name,
             "include_bias": False, "block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms",
@@ -173,24 +146,35 @@ def unpermute_rows(w, n_heads: int):
 
 def state_dict(path: Path, config: dict, dtype) -> dict:
     """The published-name state dict in `dtype`: F32/F16/BF16 converted, Q8_0 dequantized by the
-    gguf package (its own dequantize, float32, then `dtype`), q/k rows un-permuted."""
-    import numpy as np
+    gguf package (its own dequantize, float32, then `dtype`), permuted rows put back, stacked experts
+    (E, out, in) split into the published per-expert tensors."""
     import torch
 
-    gguf = gguf_module()
     f, tensors = open_checked(path)
-    heads = {"q_proj": config["n_heads"], "k_proj": config["n_kv_heads"]}
+    arch = arch_of(f)
     out = {}
     for t in tensors:
-        if t.type in ("F32", "F16"):
-            array = np.array(t.raw, dtype=np.float32).reshape(t.shape)     # a copy: the reader maps the file read-only
-        else:                                     # BF16, Q8_0: raw bytes, the package decodes them
-            array = gguf.quants.dequantize(t.raw, gguf.GGMLQuantizationType[t.type]).reshape(t.shape)
-        module = t.name.rsplit(".", 2)[-2]
-        if module in heads:
-            array = unpermute_rows(array, heads[module])
-        out[t.name] = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+        array = torch.from_numpy(float32(t, arch, config)).to(dtype)
+        if "{e}" in t.name:
+            out.update({t.name.format(e=e): array[e] for e in range(array.shape[0])})
+        else:
+            out[t.name] = array
     return out
+
+
+def float32(t: GGUFTensor, arch: Arch, config: dict):
+    """One tensor as float32 numpy in torch's shape and the published row order."""
+    import numpy as np
+
+    gguf = gguf_module()
+    if t.type in ("F32", "F16"):
+        array = np.array(t.raw, dtype=np.float32).reshape(t.shape)     # a copy: the reader maps the file read-only
+    else:                                     # BF16, Q8_0: raw bytes, the package decodes them
+        array = gguf.quants.dequantize(t.raw, gguf.GGMLQuantizationType[t.type]).reshape(t.shape)
+    module = t.name.rsplit(".", 2)[-2]
+    if module in arch.permuted:
+        array = unpermute_rows(array, config[arch.permuted[module]])
+    return np.ascontiguousarray(array)
 
 
 def summary(tensors: list[GGUFTensor]) -> dict:

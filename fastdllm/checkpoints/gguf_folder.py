@@ -14,10 +14,10 @@ from pathlib import Path
 
 from ..cache_folder import cache_folder
 from ..errors import UserError
-from .gguf_file import llada_config, open_checked, summary
+from .gguf_file import config_for, open_checked, summary
 
 MARKER = "gguf.json"
-FORMAT = 1             # bumped when what the folder holds changes: older folders are rebuilt
+FORMAT = 2             # bumped when what the folder holds changes: older folders are rebuilt
 
 
 def folder_for(path: Path) -> Path:
@@ -29,7 +29,7 @@ def folder_for(path: Path) -> Path:
     if (out / MARKER).is_file():
         return out
     f, tensors = open_checked(path)
-    config = llada_config(f, tensors)
+    config = config_for(f, tensors)
     stops = [config["eos_token_id"]] + [t for t in [f.value("tokenizer.ggml.eot_token_id")] if t is not None]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{path.name}.{os.getpid()}.tmp"
