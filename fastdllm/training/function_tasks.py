@@ -48,9 +48,17 @@ CHAR_CLASSES = {
 }
 STRING_OPS = ("count", "remove", "keep", "star")
 
-LIST_PARAMS = {"train": ["xs", "nums", "numbers", "items", "lst", "arr"], "heldout": ["values", "data"]}
-STRING_PARAMS = {"train": ["s", "text", "word", "line"], "heldout": ["phrase", "string"]}
-VERBS = {"train": ["Return"], "heldout": ["Compute and return"]}
+# Many training names and verbs, so that a body must copy the signature's name and a docstring's
+# verb varies: a model trained on a few names writes one of them whatever the signature says.
+LIST_PARAMS = {"train": ["xs", "nums", "numbers", "items", "lst", "arr", "vals", "seq", "ns", "scores", "counts",
+                         "ages", "prices", "ints", "entries", "elements", "sizes", "marks", "points", "amounts",
+                         "readings", "samples", "weights", "totals", "a", "nums_in", "row", "col", "temps", "steps"],
+               "heldout": ["values", "data"]}
+STRING_PARAMS = {"train": ["s", "text", "word", "line", "name", "sentence", "msg", "label", "title", "chars",
+                           "token", "code", "key", "city", "s1", "query", "note", "tag"],
+                 "heldout": ["phrase", "string"]}
+VERBS = {"train": ["Return", "Find and return", "Give back", "Work out and return", "Return back"],
+         "heldout": ["Compute and return"]}
 
 
 def _split_of(combo: tuple) -> str:
