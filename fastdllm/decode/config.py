@@ -31,6 +31,7 @@ class DecodeConfig:
     rule: str = _choice(*RULES, help="commit rule (how many tokens per step)")
     threshold: float = field(default=0.9, metadata={"gt": 0.0, "max": 1.0, "help": "threshold rule: commit if confidence >= this"})
     factor: float = field(default=1.0, metadata={"gt": 0.0, "help": "factor rule: largest n with (n+1)(1-c_n) < factor"})
+    frechet_margin: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0, "help": "frechet rule (Fast-dLLM++): the margin delta its score, Frechet lower bound less 1 - c_n, must exceed (their frechet_margin; 0.25 in their tables)"})
     entropy_budget: float = field(default=0.35, metadata={"gt": 0.0, "help": "entropy_bounded rule: total entropy (nats) committed per step"})
     steps: int | None = field(default=None, metadata={"min": 1, "help": "fixed rule: total steps (default gen_len: one token per step)"})
     confidence: str = _choice("prob", "margin", "neg_entropy", "entropy", "logprob", "random", help="confidence measure")

@@ -22,7 +22,7 @@ candidate lists of a CPU run, sampled against the full-block lists, whose noise 
 
 It applies (DeviceStep.applies) to mask-predict decoding of a bidirectional family (LLaDA, Dream,
 infilling too) without token editing or sub-blocks, under rules whose count reads the sorted
-confidences and the schedule only (threshold, factor, fixed, dynamic, dinfer, sequential,
+confidences and the schedule only (threshold, factor, frechet, fixed, dynamic, dinfer, sequential,
 entropy_bounded). The rest stays on today's path: block-causal families (SDAR, Fast-dLLM v2,
 LLaDA2.x: store passes, sub-blocks, editing), RND1's rules (entropy schedule over one global canvas,
 eb_gamma's second number), DUS's levels, CreditDecoding's credit, the renoising sampler. It is

@@ -48,6 +48,20 @@ def _factor(sorted_conf, cfg, scheduled):
     return ok.long().cumprod(-1).sum(-1)
 
 
+def _frechet(sorted_conf, cfg, scheduled):
+    # Fast-dLLM++'s Frechet profile (docs/accelerators.md 6.4): over the candidates' confidences c_1 >=
+    # c_2 >= ..., score_n = (c_1 + .. + c_n - (n - 1)) - (1 - c_n), the Frechet lower bound on the
+    # first n all being right less the bound on a rival of the n-th; count every n with score_n >
+    # frechet_margin, the first always. score_n never rises with n, so the n counted are a prefix;
+    # counted as the authors do (not cut at the first failure), in their order of operations, so that
+    # a rounding decides alike. Non-candidates (-inf, last) add 0 to the sum and are never counted.
+    valid = sorted_conf > float("-inf")                                          # (B, K)
+    cum = sorted_conf.masked_fill(~valid, 0.0).cumsum(-1)                        # (B, K)
+    rank0 = sorted_conf.new_ones(sorted_conf.shape[-1]).cumsum(0) - 1            # (K,) 0, 1, .., K-1
+    score = (cum - rank0) - (1.0 - sorted_conf)
+    return (((score > cfg.frechet_margin) & valid) | (rank0 == 0)).sum(-1)
+
+
 def _fixed(sorted_conf, cfg, scheduled):
     return scheduled
 
@@ -132,6 +146,11 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("factor", "factor", _factor, lambda cfg: cfg.factor,
          lambda v, n: f"factor {v:g}", lambda v, n: f"f={v:g}",
          "commit the largest n with (n+1)(1 - c_n) < factor (the paper's Theorem 1)",
+         needs_probability=True),
+    Rule("frechet", "frechet_margin", _frechet, lambda cfg: cfg.frechet_margin,
+         lambda v, n: f"frechet margin {v:g}", lambda v, n: f"fr>{v:g}",
+         "Fast-dLLM++'s Frechet profile: the largest n with (c_1 + .. + c_n - (n-1)) - (1 - c_n) > "
+         "frechet_margin over the sorted confidences (docs/accelerators.md 6.4)",
          needs_probability=True),
     Rule("fixed", "steps", _fixed, lambda cfg: cfg.total_steps,
          lambda v, n: f"fixed {plural(v, 'step')}", _steps_text,

@@ -32,7 +32,7 @@ def refuse(decoder: Decoder, cfg: DecodeConfig, holes, constraints) -> None:
     for on, why in ((holes is not None, "cannot fill holes: its blocks follow the prompt"),
                     (bool(constraints) and any(constraints), "structured output is not wired to its decoder yet"),
                     (rule.renoise or rule.whole_canvas or rule.bound is not None,
-                     f"rule {cfg.rule} is not one of its block rules (threshold, fixed, dynamic, factor, dinfer)"),
+                     f"rule {cfg.rule} is not one of its block rules (threshold, fixed, dynamic, factor, frechet, dinfer)"),
                     (cfg.cache != "prefix", f"cache {cfg.cache}: each block is decoded against the causal cache of "
                                             "the finished ones (use prefix)"),
                     (cfg.credit or cfg.prophet or cfg.dpad_window or cfg.edit_threshold is not None
