@@ -63,6 +63,8 @@ def test_rows_are_the_methods_profiles(llada_dir):
         "dllm-cache+parallel": ("dllm_cache", "threshold", 8, False, False, None),
         "local-leap": ("none", "local_leap", 32, False, False, None),
         "dual+local-leap": ("dual", "local_leap", 32, False, False, None),
+        "prefix+frechet": ("prefix", "frechet", 32, False, False, None),
+        "dual+frechet": ("dual", "frechet", 32, False, False, None),
         "klass": ("none", "klass", 64, False, False, None),
         "dual+klass": ("dual", "klass", 64, False, False, None),
     }
@@ -93,7 +95,7 @@ def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     kept, left_out = applicable(lm, cases, prompts.builtin("code").take(1), False)
     assert [c.name for c in kept] == ["baseline", "dual+parallel", "dual+factor", "sdar", "dus", "dual+dus",
                                       "credit", "dual+dinfer", "dual+credit", "dual+parallel+credit",
-                                      "local-leap", "dual+local-leap"]
+                                      "local-leap", "dual+local-leap", "prefix+frechet", "dual+frechet"]
     dpad = "dpad drops attention to the masked suffix; tiny-sdar attends block-causally and never sees it"
     dkv = ("cache dkv delays caching of decoded tokens under bidirectional attention; tiny-sdar's finished "
            "blocks are already final (use prefix)")

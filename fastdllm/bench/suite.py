@@ -44,6 +44,8 @@ ACCELERATORS = [
     ("dllm-cache+parallel", "dllm-cache", PARALLEL, "dLLM-Cache's feature cache under Fast-dLLM's threshold 0.9"),
     ("local-leap", "local-leap", {}, "LocalLeap alone (no cache, one anchor a step, leaps of 4 at 0.9 / 0.75)"),
     ("dual+local-leap", "local-leap", {"cache": "dual"}, "LocalLeap's anchors and leaps on DualCache"),
+    ("prefix+frechet", "frechet", {}, "Fast-dLLM++'s Frechet rule as their headline runs it (PrefixCache, blocks of 32, margin 0.25)"),
+    ("dual+frechet", "frechet", {"cache": "dual"}, "the Frechet rule on DualCache (beside dual+parallel and dual+factor)"),
     ("klass", "klass", {}, "KLASS alone, the authors' LLaDA GSM8K script (no cache, blocks of 64, conf 0.6, KL 0.015)"),
     ("dual+klass", "klass", {"cache": "dual"},
      "KLASS on DualCache (a block's first step has no previous distribution: never stable)"),
