@@ -131,11 +131,29 @@ def resolve(profile: Profile | None, flags: dict[str, Any], model_dir: Path | No
               ("environment", env_overrides(environ)),
               ("flags", {k: v for k, v in flags.items() if v is not None})]
     merged: dict[str, Any] = {}
-    for label, values in layers:
+    set_at: dict[str, int] = {}                     # key -> the layer that set it last
+    for i, (label, values) in enumerate(layers):
         try:
-            merged.update(DecodeConfig.parse(values))   # a bad value is reported with its layer
+            parsed = DecodeConfig.parse(values)       # a bad value is reported with its layer
         except ConfigError as e:
             raise UsageError(f"{label}: {e}") from None
+        merged.update(parsed)
+        set_at.update(dict.fromkeys(parsed, i))
+    self_spec_drafts(merged, set_at)
     if RULES[merged.get("rule", DEFAULTS.rule)].whole_canvas and "block_len" not in merged:
         merged["block_len"] = merged.get("gen_len", DEFAULTS.gen_len)      # one global canvas (RND1)
     return DecodeConfig.from_dict(merged)
+
+
+def self_spec_drafts(merged: dict[str, Any], set_at: dict[str, int]) -> None:
+    """Nemotron's mode self_spec drafts by the checkpoint's own default, linear_spec_generate's
+    threshold 0 (one draft forward fills every mask; docs/nemotron-diffusion.md 5), unless the layer
+    that chose the mode, or a later one, chose the rule or the threshold: a profile's threshold 0.9
+    for block decoding is not a draft threshold. Threshold 0 is spelled rule fixed there."""
+    if merged.get("mode") != "self_spec":
+        return
+    mode_at = set_at["mode"]
+    if max(set_at.get("rule", -1), set_at.get("threshold", -1)) < mode_at:
+        merged["rule"] = "fixed"
+        if set_at.get("steps", -1) < mode_at:
+            merged.pop("steps", None)               # one step per token: no schedule to divide
