@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .gguf_arch import Arch, arch_of, check_common, dream_config, rnd1_config, specials
+from .gguf_arch import Arch, arch_of, check_common, decimal, dream_config, rnd1_config, specials
 
 READS = ("F32", "F16", "BF16", "Q8_0")            # the tensor types this part takes (docs/gguf.md)
 DEQUANTIZED = ("Q8_0",)                           # read into the compute dtype, not kept quantized yet
@@ -127,8 +127,8 @@ def llada_config(f: GGUFFile, arch: Arch, by_name: dict) -> dict:
             "mlp_hidden_size": int(f.require("llada.feed_forward_length")),
             "vocab_size": int(f.hparam("vocab_size", embed.shape[0])), "embedding_size": embed.shape[0],
             "max_sequence_length": int(f.require("llada.context_length")),
-            "rope_theta": float(f.hparam("rope.freq_base", 10000.0)),       # llama.cpp's default where absent
-            "rms_norm_eps": float(f.require("llada.attention.layer_norm_rms_epsilon")), **specials(f),
+            "rope_theta": decimal(f.hparam("rope.freq_base", 10000.0)),     # llama.cpp's default where absent
+            "rms_norm_eps": decimal(f.require("llada.attention.layer_norm_rms_epsilon")), **specials(f),
             "weight_tying": "model.transformer.ff_out.weight" not in by_name,     # llama.cpp: output = token_embd
             "include_qkv_bias": "model.transformer.blocks.0.q_proj.bias" in by_name,
             "include_bias": False, "block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms",
@@ -187,5 +187,7 @@ def summary(tensors: list[GGUFTensor]) -> dict:
         counts[t.type] += n
     types = [k.lower() for k, _ in counts.most_common()]
     dequantized = [k for k in counts if k in DEQUANTIZED]
-    how = f"; {', '.join(dequantized)} dequantized to the compute dtype at load, not kept quantized yet" if dequantized else ""
+    how = (f"; {', '.join(dequantized)} dequantized to the compute dtype at load; --quantize int8: "
+           f"{', '.join(dequantized)} re-quantized per row into int8 straight from the file (one more rounding, "
+           "docs/gguf.md 10)") if dequantized else ""
     return {"dtype_on_disk": f"{', '.join(types)} (GGUF{how})", "bytes_on_disk": sum(t.n_bytes for t in tensors)}

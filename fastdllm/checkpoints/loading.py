@@ -21,6 +21,7 @@ from .family import family_of, read_config
 from .gguf_file import DEQUANTIZED
 from .gguf_file import state_dict as gguf_state_dict
 from .gguf_folder import source_of
+from .gguf_int8 import KEPT, place_int8, state_dict_int8
 from .packed_experts import load_experts_apart
 from .placement import (
     BNB_ON_CPU_NOTE,
@@ -123,12 +124,17 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         config.experts_apart = hasattr(model_cls, "packed_experts")
     from safetensors import SafetensorError
 
+    kept = gguf is not None and quantize == "int8" and any(t.lower() in gguf["dtype_on_disk"] for t in KEPT)
     try:
-        if gguf is not None:
+        if kept:              # Q8_0 straight into int8 rows (gguf_int8.py): no bf16 copy of those weights
+            kwargs["state_dict"], codes = state_dict_int8(Path(gguf["file"]), raw, torch_dtype)
+        elif gguf is not None:
             kwargs["state_dict"] = gguf_state_dict(Path(gguf["file"]), raw, torch_dtype)
         model, report = model_cls.from_pretrained(None if gguf else path, config=config, output_loading_info=True,
                                                   **kwargs)
         model_cls.check_loaded(report)
+        if kept:
+            n_kept = place_int8(model, kwargs.pop("state_dict"), codes, torch_dtype)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
         if hasattr(model, "read_files"):         # files beside the weights (Nemotron's linear_spec_lora)
@@ -151,9 +157,11 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         loaded.info["dtype_choice"] = dtype_choice        # what --dtype auto picked, and why
     if gguf is not None:
         loaded.info.update(path=gguf["file"], gguf=gguf["dtype_on_disk"])
-        if dequantized := [t for t in DEQUANTIZED if t.lower() in gguf["dtype_on_disk"]]:
+        if kept:
+            loaded.info["gguf_int8"] = f"{n_kept} block linears from Q8_0 re-quantized per row (docs/gguf.md 10)"
+        elif dequantized := [t for t in DEQUANTIZED if t.lower() in gguf["dtype_on_disk"]]:
             loaded.notes.append(f"{', '.join(dequantized)} tensors dequantized to {loaded.info['dtype']} at load "
-                                "(kept quantized: not yet)")
+                                "(--quantize int8 keeps them int8)")
     if loaded.device.type == "cpu":      # the CLI's thread count follows the free cores (thread_watch.py):
         model.embed.register_forward_pre_hook(thread_watch.poll)     # every forward path embeds first
     if cpu_quant:
