@@ -20,7 +20,7 @@ from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 
 from one_line import one_line_refusal
-from test_gguf import folder_weights, round_tripped
+from test_gguf import add_tensor as add, folder_weights, round_tripped
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -113,9 +113,6 @@ def write_qwen_gguf(src: Path, out: Path, arch: str, outtype: str = "F32", *, sh
     return out
 
 
-def add(w, name: str, data: np.ndarray, qtype: str) -> None:
-    kind = gguf.GGMLQuantizationType[qtype]
-    w.add_tensor(name, data.astype(np.float32) if qtype == "F32" else gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
 @pytest.fixture(scope="module")
