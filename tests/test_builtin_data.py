@@ -165,3 +165,25 @@ def test_drill_lines_are_right_and_drill_rows_have_no_prompt():
     tokens, prompt = mix.batch(4, rng)
     assert tokens.shape == (4, 128) and prompt.tolist() == [0, 0, 0, 0]
     assert " = " in tok.decode(tokens[0].tolist())
+
+
+def test_recall_rows_copy_the_prompt_in_order_and_hold_no_held_out_word():
+    rng = random.Random(9)
+    held = set(word_problems.NAMES["heldout"] + word_problems.ITEMS["heldout"] + word_problems.CONTAINERS["heldout"])
+    kinds = set()
+    for _ in range(400):
+        prompt, answer = mixture.recall_texts(rng)
+        words = answer.strip().split(", ")
+        kinds.add(prompt.endswith("Parameter:"))
+        if prompt.endswith("Parameter:"):                 # a function task -> its parameter's name
+            assert prompt.startswith("def ") and f"({words[0]}" in prompt and len(words) == 1
+            continue
+        assert words and not held & set(words), (prompt, answer)
+        question = prompt.split("\n")[0]
+        at = 0
+        for w in words:                                    # each word found after the one before it
+            found = re.search(rf"\b{re.escape(w)}\b", question[at:])
+            assert found, (w, question)
+            at += found.end()
+        assert any(w.isdigit() for w in words) and any(w in word_problems.NAMES["train"] for w in words)
+    assert kinds == {True, False}
