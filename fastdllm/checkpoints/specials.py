@@ -47,7 +47,11 @@ def _tokenizer_files(path: Path) -> tuple:
 def _read_tokenizer(path: Path):
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
+    from .tiktoken_files import is_tiktoken_folder, tiktoken_tokenizer
+
     quiet_transformers()
+    if is_tiktoken_folder(path):                # Steerling: a tiktoken encoding named, no vocabulary file
+        return tiktoken_tokenizer(path)
     try:
         if (path / "tokenizer.json").is_file():
             return PreTrainedTokenizerFast.from_pretrained(path, trust_remote_code=False)
@@ -101,8 +105,11 @@ def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> Speci
             eos += _ids(json.loads(gen_file.read_text()).get("eos_token_id"))
         except (OSError, ValueError, AttributeError):
             pass
-    eot = end_of_turn(tokenizer)
-    stops = tuple(dict.fromkeys(eos + ([eot] if eot is not None else [])))
+    if (own := getattr(model_cls, "end_tokens", None)) is not None:     # a family that names its own (Steerling)
+        eot, extra = own(config, tokenizer)
+    else:
+        eot, extra = end_of_turn(tokenizer), []
+    stops = tuple(dict.fromkeys(eos + extra + ([eot] if eot is not None else [])))
     if not stops:
         raise UserError(f"{path} declares no eos_token_id")
     pad = config.get("pad_token_id")

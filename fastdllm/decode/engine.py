@@ -79,6 +79,13 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:
         raise UserError(f"cache {cfg.cache}: built for LLaDA and Dream only (their blocks host the feature cache); "
                         f"{decoder.name} is refused")
+    if sampler == "steerling":                  # Steerling's generate_full (decode/steerling.py)
+        from .steerling import SteerlingBatch
+
+        return SteerlingBatch(decoder, prompts, cfg, gen_lens, holes, constraints)
+    if cfg.top_p != 1.0 or cfg.repetition_penalty != 1.0 or cfg.entropy_sampling:
+        raise UserError(f"top_p, repetition_penalty and entropy_sampling belong to Steerling's sampler; "
+                        f"{decoder.name} is not a Steerling model")
     if cfg.rule == "klass":
         refuse_klass(decoder, cfg)
     if sampler == "seeded":

@@ -45,6 +45,10 @@ FAMILY_DEFAULTS = {
     "rnd1": ("rnd1", lambda c, g: {
         "gen_len": 256, "rule": "entropy_schedule", "confidence": "entropy",
         "steps": c.get("num_diffusion_steps") or 256, "cache": "none"}),
+    # Steerling's generate_full (docs/steerling.md 5, 7): its blocks are the attention's, one token per
+    # step, the authors' sampling; the prefix cache gives the same logits and NFE as their full canvas
+    "steerling": ("steerling", lambda c, g: {"block_len": c.get("diff_block_size") or 64, "rule": "fixed",
+                                            "cache": "prefix"}),
 }
 FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
 FAMILY_DEFAULTS["sdar_moe"] = FAMILY_DEFAULTS["sdar"]    # SDAR-30B-A3B decodes as dense SDAR (docs/sdar-moe.md)

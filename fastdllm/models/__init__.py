@@ -16,6 +16,7 @@ from .nemotron_labs_diffusion import NemotronLabsDiffusionConfig, NemotronLabsDi
 from .rnd1 import RND1LM, RND1Config
 from .sdar import SDARConfig, SDARForCausalLM
 from .sdar_moe import SDARMoeConfig, SDARMoeForCausalLM
+from .steerling import SteerlingConfig, SteerlingForCausalLM
 
 Family = tuple[type, type[DiffusionLM], tuple[str, ...]]   # config class, model class, `architectures` entries
 _LLADA2 = ("LLaDA2MoeModelLM",)
@@ -35,9 +36,12 @@ FAMILIES: dict[str, list[Family]] = {
     "nemotron_labs_diffusion": [(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel, ("NemotronLabsDiffusionModel",))],
     "diffusion_gemma": [(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
                          ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))],
+    "steerling": [(SteerlingConfig, SteerlingForCausalLM, ("SteerlingForCausalLM",))],
 }
 # Families people download that are not implemented yet: named in the error.
-NOT_YET = {"llada2_moe_veomni": "LLaDA2's training format (experts merged per layer; convert to the published one)"}
+NOT_YET = {"llada2_moe_veomni": "LLaDA2's training format (experts merged per layer; convert to the published one)",
+           "causal_diffusion": "Steerling's training-package layout (concept keys nested; use the Hub layout, model_type "
+                               "steerling)"}
 
 for _type, _families in FAMILIES.items():
     # Registering our classes makes AutoConfig/AutoModel use them instead of the `auto_map` Python
