@@ -17,6 +17,7 @@ from fastdllm.checkpoints.tiny_gemma import gemma_config
 from fastdllm.checkpoints.tiny_moe import published_config
 from fastdllm.checkpoints.tiny_random import FIXTURES
 from fastdllm.checkpoints.tiny_rnd1 import rnd1_config
+from fastdllm.checkpoints.tiny_steerling import steerling_config
 from fastdllm.errors import UserError
 from fastdllm.models import FAMILIES
 from fastdllm.models.config_guard import ABSENT_OK, REQUIRED, Switch
@@ -26,7 +27,8 @@ from fastdllm.models.config_guard import ABSENT_OK, REQUIRED, Switch
 PUBLISHED = {p.stem: json.loads(p.read_text()) for p in sorted((Path(__file__).parent / "published_configs").glob("*.json"))}
 PUBLISHED.update({f"package:{p.parent.name}": json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*/config.json"))})
 PUBLISHED.update({"writer:rnd1": rnd1_config(), "writer:diffusion_gemma": gemma_config(),
-                  "writer:llada_moe": published_config("llada_moe")})
+                  "writer:llada_moe": published_config("llada_moe"), "writer:steerling": steerling_config(),
+                  "writer:steerling-instruct": steerling_config(instruct=True)})
 CLASSES = [(model_type, c) for model_type, families in FAMILIES.items() for c, _, _ in families]
 BAD = ["fastdllm-test-value", -7, 3.5, True, {"rope_type": "yarn", "factor": 4.0}, ["sliding_attention"]]
 
