@@ -16,7 +16,7 @@ pytest.importorskip("fastapi")
 
 from serve_process import ServerProcess  # noqa: E402
 from test_chat import invoke as chat  # noqa: E402
-from test_cli import invoke  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 from test_eval import TASKS  # noqa: E402
 from fastdllm.checkpoints.builtin import NAME as BUILTIN  # noqa: E402
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import reference_blockdiff as ref
 import torch
+from cli_runner import invoke
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
@@ -192,25 +193,17 @@ def test_sdar_entropy_bounded_fills_every_block(sdar):
 
 # --- the families in the CLI -------------------------------------------------------------------------
 
-def cli(*args, env=None):
-    from typer.testing import CliRunner
-
-    from fastdllm.cli.app import app
-
-    return CliRunner().invoke(app, [str(a) for a in args], env=env, catch_exceptions=False)
-
-
 @pytest.mark.parametrize("family, profile, block", [("sdar", "sdar", 4), ("v2", "fast-dllm-v2", 32)])
 def test_generate_uses_the_family_profile_and_info_says_block_causal(request, family, profile, block):
     import json
 
     lm, _ = request.getfixturevalue(family)
-    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "32", "--raw", "def f(x):").stdout)
+    record = json.loads(invoke("generate", "-m", lm.path, "--json", "-n", "32", "--raw", "def f(x):").stdout)
     assert record["profile"] == profile and record["config"]["block_len"] == block
     assert record["config"]["rule"] == "dynamic" and record["model"]["attention"] == f"block-causal({block})"
     assert record["nfe"] >= 1 and len(record["ids"]) <= 32 + block
-    assert "dynamic" in cli("profiles", "show", profile, "--resolved", "-m", lm.path).stdout
-    info = json.loads(cli("info", lm.path, "--json").stdout)
+    assert "dynamic" in invoke("profiles", "show", profile, "--resolved", "-m", lm.path).stdout
+    info = json.loads(invoke("info", lm.path, "--json").stdout)
     assert info["mask_id"] == lm.specials.mask and info["family"] == lm.family and info["chat_template"] is True
     assert info["end_of_turn_id"] == 151645                     # <|im_end|>, found from the chat template
 
@@ -219,7 +212,7 @@ def test_bench_baseline_uses_the_family_block(sdar):
     import json
 
     lm, _ = sdar
-    r = cli("bench", "-m", lm.path, "-n", "16", "-c", "baseline,prefix+parallel", "--n-prompts", "1",
+    r = invoke("bench", "-m", lm.path, "-n", "16", "-c", "baseline,prefix+parallel", "--n-prompts", "1",
             "--warmup", "0", "-r", "1", "-o", "jsonl")
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert {row["block_len"] for row in rows} == {4} and rows[0]["config"] == "baseline"
@@ -230,7 +223,7 @@ def test_formats_not_supported_yet_are_named(tmp_path):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llada2_moe_veomni"}))
-    r = cli("generate", "-m", tmp_path, "hi")
+    r = invoke("generate", "-m", tmp_path, "hi")
     assert r.exit_code == 1 and "LLaDA2's training format" in r.stderr and "is not supported yet" in r.stderr
     assert "sdar_moe" in r.stderr and "Fast_dLLM_Qwen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -240,7 +233,7 @@ def test_quantized_block_causal_families_on_cpu(sdar, quantize):
     import json
 
     lm, _ = sdar
-    r = cli("generate", "-m", lm.path, "--json", "-n", "8", "--raw", "--dtype", "bf16", "--quantize", quantize, "hi")
+    r = invoke("generate", "-m", lm.path, "--json", "-n", "8", "--raw", "--dtype", "bf16", "--quantize", quantize, "hi")
     assert r.exit_code == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["model"]["quantize"] == quantize and record["nfe"] >= 2 and len(record["ids"]) <= 8

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+from cli_runner import invoke
 from typer.testing import CliRunner
 
 from fastdllm.cli.app import app
@@ -15,10 +16,6 @@ SMALL = ["-n", "32", "--block-len", "16"]
 
 
 pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
-
-
-def invoke(*args, input=None, env=None):
-    return runner.invoke(app, [str(a) for a in args], input=input, env=env, catch_exceptions=False)
 
 
 def test_generate_prints_answer_and_stats(llada_dir):

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 from conftest import VARIED
-from test_cli import SMALL, invoke
+from cli_runner import invoke
+from test_cli import SMALL
 from test_cpu_quant import fake_quant
 from torch import nn
 

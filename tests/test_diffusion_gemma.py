@@ -194,16 +194,16 @@ def test_a_stopped_row_waits_without_drawing(ours, monkeypatch):
 # --- the family in the CLI and its refusals -----------------------------------------------------
 
 def test_generate_through_the_cli_uses_the_family_profile(gemma_dir):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
-    r = cli("generate", "-m", gemma_dir, "--json", "-n", str(2 * C), "def f(x):")
+    r = invoke("generate", "-m", gemma_dir, "--json", "-n", str(2 * C), "def f(x):")
     assert r.exit_code == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["profile"] == "diffusion-gemma" and record["config"]["rule"] == "eb_sampler"
     assert (record["config"]["block_len"], record["config"]["denoise_steps"]) == (C, STEPS)   # from the checkpoint
     assert record["steps_per_canvas"] == [STEPS, STEPS] and record["nfe"] == 2 * STEPS + 2
     for args, words in ((["--rule", "threshold"], "its rule is eb_sampler"), (["--suffix", "x"], "cannot fill holes")):
-        r = cli("generate", "-m", gemma_dir, "-n", str(C), *args, "def f(x):")
+        r = invoke("generate", "-m", gemma_dir, "-n", str(C), *args, "def f(x):")
         assert r.exit_code != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
@@ -216,7 +216,7 @@ def test_serve_batches_requests_and_answers_each_as_generate(gemma_dir):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     from serve_process import ServerProcess
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
     prompts = ["def f(x):", "import os", "class A:"]
     server = ServerProcess("-m", gemma_dir, "--dtype", "fp64", "--max-batch", "4")
@@ -237,16 +237,16 @@ def test_serve_batches_requests_and_answers_each_as_generate(gemma_dir):
     finally:
         assert server.stop() == 0, server.log
     for i, (prompt, answer) in enumerate(zip(prompts, answers)):
-        record = json.loads(cli("generate", "-m", gemma_dir, "--dtype", "fp64", "--json", "--raw", "-n", str(2 * C),
+        record = json.loads(invoke("generate", "-m", gemma_dir, "--dtype", "fp64", "--json", "--raw", "-n", str(2 * C),
                                 "--seed", str(i), prompt).stdout)
         assert answer.get("fastdllm", {}).get("completion_ids") == record["ids"], (prompt, answer)
     assert sum('"step"' in line for line in lines) >= 2               # renoising steps streamed
 
 
 def test_info(gemma_dir):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
-    info = json.loads(cli("info", gemma_dir, "--json").stdout)
+    info = json.loads(invoke("info", gemma_dir, "--json").stdout)
     assert info["family"] == "diffusion_gemma" and info["mask_id"] == -1
     assert 0 < info["active_parameters"] < info["parameters"]             # 2 of 4 experts per token
     # per token: K and V of every layer, bf16; the full layer's head (32) is twice the sliding ones' (16)
@@ -255,9 +255,9 @@ def test_info(gemma_dir):
 
 
 def test_bench_rows_vary_the_sampler(gemma_dir, ours):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
-    r = cli("bench", "-m", gemma_dir, "--dtype", "fp64", "-n", str(C), "--n-prompts", "1", "--warmup", "0",
+    r = invoke("bench", "-m", gemma_dir, "--dtype", "fp64", "-n", str(C), "--n-prompts", "1", "--warmup", "0",
             "--prompt-set", "code", "-r", "1", "--raw", "-o", "json")
     assert r.exit_code == 0, r.stderr
     records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
@@ -269,26 +269,26 @@ def test_bench_rows_vary_the_sampler(gemma_dir, ours):
 @pytest.mark.slow
 def test_eval_runs_generation_tasks_and_refuses_likelihood(gemma_dir, tmp_path):
     pytest.importorskip("lm_eval")
-    from test_blockdiff import cli
+    from cli_runner import invoke
     from test_eval import TASKS
 
     out = tmp_path / "r.json"
-    r = cli("eval", "-m", gemma_dir, "--dtype", "fp64", "--include-path", TASKS, "--tasks", "tiny_next_line",
+    r = invoke("eval", "-m", gemma_dir, "--dtype", "fp64", "--include-path", TASKS, "--tasks", "tiny_next_line",
             "--limit", "2", "-n", str(C), "--output", out)
     assert r.exit_code == 0, r.stderr
     record = json.loads(out.read_text())[0]
     assert record["profile"] == "diffusion-gemma" and record["answers"] == 2 and record["config"]["rule"] == "eb_sampler"
-    r = cli("eval", "-m", gemma_dir, "--include-path", TASKS, "--tasks", "tiny_choice", "--limit", "2")
+    r = invoke("eval", "-m", gemma_dir, "--include-path", TASKS, "--tasks", "tiny_choice", "--limit", "2")
     assert r.exit_code == 1 and "no Monte Carlo likelihood" in r.stderr
 
 
 def test_the_template_thinking_switch(ours, gemma_dir):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
     on = ours.tokenizer.decode(ours.encode("hi", thinking=True))
     assert on == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n"
     assert ours.encode("hi", thinking=False) == ours.encode("hi")                 # off is the template's default
-    record = json.loads(cli("generate", "-m", gemma_dir, "--json", "--think", "-n", str(C), "hi").stdout)
+    record = json.loads(invoke("generate", "-m", gemma_dir, "--json", "--think", "-n", str(C), "hi").stdout)
     assert record["prompt_tokens"] == len(ours.encode("hi", thinking=True))
-    r = cli("generate", "-m", gemma_dir, "--raw", "--think", "-n", str(C), "hi")
+    r = invoke("generate", "-m", gemma_dir, "--raw", "--think", "-n", str(C), "hi")
     assert r.exit_code == 1 and "not with --raw" in r.stderr

@@ -263,7 +263,7 @@ def test_block_causal_and_renoising_families_refused_in_one_line(tmp_path_factor
 
 
 def test_cli_generate_with_the_dkv_profile(llada_dir):
-    from test_cli import invoke
+    from cli_runner import invoke
 
     from fastdllm.decode.profiles import find
 

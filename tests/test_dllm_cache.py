@@ -154,7 +154,7 @@ def test_device_step_and_graphs_off(llada64, monkeypatch):
 
 
 def test_cli_generate_with_the_profile_on_the_builtin_model():
-    from test_cli import invoke
+    from cli_runner import invoke
 
     from fastdllm.decode.profiles import find
 

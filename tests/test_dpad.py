@@ -312,7 +312,7 @@ def test_the_device_step_decodes_the_same(llada64, cache, monkeypatch):
 
 
 def test_cli_generate_with_the_dpad_profile(llada_dir):
-    from test_cli import invoke
+    from cli_runner import invoke
 
     from fastdllm.decode.profiles import find
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import HEAVY_PROMPT
 from reference_dus import generate_scheduled, merge_last, spacing_filter, unmask_levels
-from test_cli import invoke
+from cli_runner import invoke
 
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig

@@ -196,7 +196,7 @@ def test_profiles_and_the_cli(models):
     """The model card's two modes as profiles; `generate --json` counts edits; the flags set them."""
     import json
 
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
     from fastdllm.decode import profiles
 
@@ -205,10 +205,10 @@ def test_profiles_and_the_cli(models):
     assert quality.max_post_steps == speed.max_post_steps == 16 and quality.block_len == speed.block_len == 32
     assert quality.rule == speed.rule == "dynamic" and quality.steps_per_block == 32    # at least one per step
     lm, _ = models["llada2"]
-    record = json.loads(cli("generate", "-m", lm.path, "-P", "llada2-speed", "--json", "-n", "64", "--no-early-stop",
+    record = json.loads(invoke("generate", "-m", lm.path, "-P", "llada2-speed", "--json", "-n", "64", "--no-early-stop",
                             "--raw", "def f(x):").stdout)
     assert record["config"]["edit_threshold"] == 0.0 and record["edits"] > 0
-    record = json.loads(cli("generate", "-m", lm.path, "--edit-threshold", "0.9", "--max-post-steps", "2", "--json",
+    record = json.loads(invoke("generate", "-m", lm.path, "--edit-threshold", "0.9", "--max-post-steps", "2", "--json",
                             "-n", "32", "--raw", "def f(x):").stdout)
     assert (record["config"]["edit_threshold"], record["config"]["max_post_steps"]) == (0.9, 2)
 
@@ -266,10 +266,10 @@ def test_bench_counts_edits_per_block(models):
     None for a row without editing."""
     import json
 
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
     lm, _ = models["llada2"]
-    r = cli("bench", "-m", lm.path, "--dtype", "fp64", "-n", "64", "--n-prompts", "1", "--warmup", "0",
+    r = invoke("bench", "-m", lm.path, "--dtype", "fp64", "-n", "64", "--n-prompts", "1", "--warmup", "0",
             "-c", "edit-speed,speed-no-edit", "--no-early-stop", "-r", "1", "-o", "json")
     assert r.exit_code == 0, r.stderr
     records = {x["config"]: x for x in json.loads(r.stdout)["records"]}

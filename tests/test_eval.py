@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
-from test_cli import invoke  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 
 from fastdllm.checkpoints.tiny_blockdiff import write_sdar  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
-from test_cli import invoke  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 from test_eval import one_error  # noqa: E402
 
 from fastdllm.bench import suite as bench_suite  # noqa: E402

@@ -99,14 +99,14 @@ def test_4bit_forward_equals_the_float_forward_of_its_dequantized_weights(gemma_
 
 @pytest.mark.parametrize("quantize", ["8bit", "4bit"])
 def test_quantized_generate_and_info(gemma_dir, quantize):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
-    r = cli("generate", "-m", gemma_dir, "--quantize", quantize, "-n", str(2 * C), "--no-early-stop", "--json",
+    r = invoke("generate", "-m", gemma_dir, "--quantize", quantize, "-n", str(2 * C), "--no-early-stop", "--json",
             "def main():")
     assert r.exit_code == 0, r.stderr
     record = json.loads(r.stdout)
     assert 0 < len(record["ids"]) <= 2 * C and record["steps_per_canvas"] and record["model"]["quantize"] == quantize
-    info = json.loads(cli("info", gemma_dir, "--json").stdout)
+    info = json.loads(invoke("info", gemma_dir, "--json").stdout)
     weights = {k: v["weights"] for k, v in info["memory"].items()}
     assert weights["4bit"] < weights["8bit"] < weights["bf16"]
 

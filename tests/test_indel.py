@@ -154,7 +154,7 @@ def test_view_redraws_the_block_and_counts_deletions_and_insertions():
 
 
 def test_profile_and_cli(model):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
     from fastdllm.decode import profiles
     from fastdllm.decode.family_defaults import default_profile
@@ -166,7 +166,7 @@ def test_profile_and_cli(model):
     config = json.loads((lm.path / "config.json").read_text())
     assert default_profile(config) == "llada2.2"
     assert default_profile({k: v for k, v in config.items() if k != "delete_token_id"}) == "llada2"
-    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "32", "--no-early-stop", "--raw", "hi").stdout)
+    record = json.loads(invoke("generate", "-m", lm.path, "--json", "-n", "32", "--no-early-stop", "--raw", "hi").stdout)
     assert record["config"]["indel"] is True and record["nfe"] > 0
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from test_cli import invoke
+from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_blockdiff import write_sdar

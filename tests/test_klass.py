@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import HEAVY_PROMPT
 from reference_klass import generate_klass
-from test_cli import invoke
+from cli_runner import invoke
 from test_dus import ours
 
 from fastdllm.decode import profiles

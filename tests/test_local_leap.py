@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import HEAVY_PROMPT
 from reference_local_leap import generate_local_leap
-from test_cli import invoke
+from cli_runner import invoke
 from test_dus import ours
 
 from fastdllm.decode import profiles

@@ -13,7 +13,7 @@ import pytest
 import reference_moe as ref
 import torch
 from mask_heavy import heavy_copy, max_mask_probability
-from test_blockdiff import cli
+from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_moe import write_llada2_moe, write_llada_moe
@@ -224,16 +224,16 @@ def test_generate_and_info_through_the_cli(checkpoints, name, profile, attention
     lm, _ = checkpoints(name)
     assert lm.tokenizer.decode(lm.encode("hi")).endswith("<role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role>")
     chosen = [] if profile in ("llada2", "llada-moe") else ["--profile", profile]   # the family's default, or named
-    record = json.loads(cli("generate", "-m", lm.path, *chosen, "--json", "-n", "32", "--raw", "def f(x):").stdout)
+    record = json.loads(invoke("generate", "-m", lm.path, *chosen, "--json", "-n", "32", "--raw", "def f(x):").stdout)
     assert record["profile"] == profile and record["config"]["block_len"] == 32 and record["config"]["rule"] == rule
     assert record["model"]["attention"] == attention and record["nfe"] >= 1 and len(record["ids"]) <= 32
-    info = json.loads(cli("info", lm.path, "--json").stdout)
+    info = json.loads(invoke("info", lm.path, "--json").stdout)
     assert info["mask_id"] == lm.specials.mask and info["end_of_turn_id"] in lm.specials.stops
     assert info["architectures"] == [lm.model.config.architectures[0]] and info["family"] == lm.family
     assert 0 < info["active_parameters"] < info["parameters"]
     memory = info["memory"]
     assert memory["bf16"]["weights"] > memory["8bit"]["weights"] > memory["4bit"]["weights"] > 0
-    text = cli("info", lm.path).stdout
+    text = invoke("info", lm.path).stdout
     assert "active per token" in text and all(f"memory {k}" in text for k in ("bf16", "8bit", "4bit"))
 
 
@@ -304,5 +304,5 @@ def test_malformed_or_unpublished_moe_checkpoints_fail_in_one_line(checkpoints, 
         with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")) as err:
             loading.load(path)
         assert "\n" not in str(err.value)
-    r = cli("generate", "-m", cases[0][0], "hi")
+    r = invoke("generate", "-m", cases[0][0], "hi")
     assert r.exit_code == 1 and "num_experts_per_tok 9" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -14,9 +14,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import invoke
 
-from fastdllm.cli.app import app
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
 from fastdllm.checkpoints.tiny_random import write_llada
 from fastdllm.units import human_bytes
@@ -46,10 +45,6 @@ def hub(tiny_files, tmp_path, monkeypatch):
     server.stop()
 
 
-def cli(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
 def one_error_line(out) -> str:
     assert out.exit_code == 1, out.output
     assert out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
@@ -62,7 +57,7 @@ def cached_repos(tmp_path: Path) -> list[str]:
 
 
 def test_pull_by_short_name_fetches_the_checkpoint_but_never_its_code(hub, tiny_files, tmp_path):
-    out = cli("pull", "sdar:1.7b-chat")
+    out = invoke("pull", "sdar:1.7b-chat")
     assert out.exit_code == 0, out.output
     snapshot = Path(out.stdout.strip().splitlines()[-1])
     wanted = sorted(n for n in tiny_files if not n.endswith((".py", ".md")))
@@ -79,19 +74,19 @@ def test_pull_by_short_name_fetches_the_checkpoint_but_never_its_code(hub, tiny_
 
 
 def test_list_show_and_rm_see_the_pulled_model(hub, tmp_path):
-    assert cli("pull", REPO, "-q").exit_code == 0
-    listed = cli("list")
+    assert invoke("pull", REPO, "-q").exit_code == 0
+    listed = invoke("list")
     row = next(line for line in listed.stdout.splitlines() if line.startswith("sdar:1.7b-chat"))
     assert row.split()[1] == "llada" and row.split()[-1] == "hf-cache"
     assert "tiny-code" in listed.stdout                                 # the built-in model is listed too
-    shown = cli("show", "sdar:1.7b-chat")
+    shown = invoke("show", "sdar:1.7b-chat")
     assert "JetLM/SDAR-1.7B-Chat" in shown.stdout and str(tmp_path / "cache") in shown.stdout
-    refused = CliRunner().invoke(app, ["rm", "sdar:1.7b-chat"], input="n\n")
+    refused = invoke("rm", "sdar:1.7b-chat", input="n\n")
     assert refused.exit_code == 1 and cached_repos(tmp_path) == ["models--JetLM--SDAR-1.7B-Chat"]
-    removed = cli("rm", "sdar:1.7b-chat", "-y")
+    removed = invoke("rm", "sdar:1.7b-chat", "-y")
     assert removed.exit_code == 0 and "removed sdar:1.7b-chat" in removed.output
-    assert cached_repos(tmp_path) == [] and "sdar:1.7b-chat" not in cli("list").stdout
-    assert "no local model 'sdar:1.7b-chat'" in one_error_line(cli("rm", "sdar:1.7b-chat", "-y"))
+    assert cached_repos(tmp_path) == [] and "sdar:1.7b-chat" not in invoke("list").stdout
+    assert "no local model 'sdar:1.7b-chat'" in one_error_line(invoke("rm", "sdar:1.7b-chat", "-y"))
 
 
 def test_a_transfer_cut_off_half_way_resumes_from_where_it_stopped(hub, tiny_files, monkeypatch):
@@ -103,7 +98,7 @@ def test_a_transfer_cut_off_half_way_resumes_from_where_it_stopped(hub, tiny_fil
     weights = tiny_files["model.safetensors"]
     hub.cut_once.add("model.safetensors")
     handlers = logging.getLogger("huggingface_hub").handlers[:]
-    out = cli("pull", REPO, "-q")
+    out = invoke("pull", REPO, "-q")
     assert out.exit_code == 0, out.output
     ranges = [r for m, p, r in hub.requests if m == "GET" and p.endswith("/model.safetensors")]
     assert len(ranges) == 2 and ranges[0] is None                     # the second asks only for the rest
@@ -124,16 +119,16 @@ def test_a_transfer_cut_off_half_way_resumes_from_where_it_stopped(hub, tiny_fil
 
 def test_a_stopped_pull_keeps_its_whole_files_and_the_next_fetches_only_the_rest(hub, tiny_files, tmp_path):
     hub.failing.add("tokenizer.json")
-    line = one_error_line(cli("pull", REPO, "-q"))
+    line = one_error_line(invoke("pull", REPO, "-q"))
     assert "download of JetLM/SDAR-1.7B-Chat failed" in line and "run the same pull again" in line
     blobs = {b.name for b in (tmp_path / "cache" / "models--JetLM--SDAR-1.7B-Chat" / "blobs").iterdir()}
     assert not [b for b in blobs if b.endswith(".incomplete")]                 # nothing half-written
     kept = {name for name, data in tiny_files.items() if blob_name(name, data) in blobs}
     assert "tokenizer.json" not in kept
-    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout   # not a model yet
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in invoke("list").stdout   # not a model yet
     hub.failing.clear()
     hub.requests.clear()
-    out = cli("pull", REPO, "-q")
+    out = invoke("pull", REPO, "-q")
     assert out.exit_code == 0, out.output
     assert "tokenizer.json" in hub.fetched() and not kept & set(hub.fetched())
     assert local_copy(REPO) == Path(out.stdout.strip())
@@ -141,12 +136,12 @@ def test_a_stopped_pull_keeps_its_whole_files_and_the_next_fetches_only_the_rest
 
 def test_a_corrupted_file_is_refused_by_its_sha256_and_nothing_is_kept(hub, tmp_path):
     hub.corrupt.add("model.safetensors")
-    line = one_error_line(cli("pull", REPO, "-q"))
+    line = one_error_line(invoke("pull", REPO, "-q"))
     assert "model.safetensors does not match the sha256 the hub lists" in line
     assert cached_repos(tmp_path) == []
     assert local_copy(REPO) is None                     # nor is a copy found offline afterwards
     hub.corrupt.clear()                                 # the next pull fetches it again, whole
-    out = cli("pull", REPO, "-q")
+    out = invoke("pull", REPO, "-q")
     assert out.exit_code == 0
     data = (Path(out.stdout.strip()) / "model.safetensors").read_bytes()
     assert hashlib.sha256(data).hexdigest() == hashlib.sha256(hub.repos[REPO]["model.safetensors"]).hexdigest()
@@ -154,22 +149,22 @@ def test_a_corrupted_file_is_refused_by_its_sha256_and_nothing_is_kept(hub, tmp_
 
 def test_a_config_altered_on_the_way_is_refused_by_its_git_blob_hash_and_the_next_pull_repairs_it(hub, tiny_files):
     hub.corrupt.add("config.json")                      # same size, one byte changed: only its hash tells
-    line = one_error_line(cli("pull", REPO, "-q"))      # the whole output: never "checked" for what was not
+    line = one_error_line(invoke("pull", REPO, "-q"))      # the whole output: never "checked" for what was not
     assert "config.json does not match the git blob hash the hub lists (removed)" in line
-    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in invoke("list").stdout
     hub.corrupt.clear()
-    out = cli("pull", REPO, "-q")
+    out = invoke("pull", REPO, "-q")
     assert out.exit_code == 0, out.output
     assert (Path(out.stdout.strip()) / "config.json").read_bytes() == tiny_files["config.json"]
 
 
 def test_a_bad_copy_already_in_the_cache_is_fetched_again(hub, tiny_files):
     # what a pull before files were checked by their git blob hash left: a corrupt config.json, listed
-    snapshot = Path(cli("pull", REPO, "-q").stdout.strip())
+    snapshot = Path(invoke("pull", REPO, "-q").stdout.strip())
     blob = (snapshot / "config.json").resolve()
     blob.write_bytes(b"X" + tiny_files["config.json"][1:])
     hub.requests.clear()
-    out = cli("pull", REPO, "-q")
+    out = invoke("pull", REPO, "-q")
     assert out.exit_code == 0 and "(5 already here)" in out.output, out.output
     assert hub.fetched() == ["config.json"]
     assert (snapshot / "config.json").read_bytes() == tiny_files["config.json"]
@@ -177,22 +172,22 @@ def test_a_bad_copy_already_in_the_cache_is_fetched_again(hub, tiny_files):
 
 def test_a_file_listed_but_answered_404_fails_the_pull_and_the_copy_is_neither_listed_nor_used(hub, tmp_path):
     hub.failing.add("generation_config.json")           # a file a model loads without: still not a whole pull
-    line = one_error_line(cli("pull", REPO, "-q"))
+    line = one_error_line(invoke("pull", REPO, "-q"))
     assert "failed at generation_config.json (the hub lists it but answers 404)" in line
-    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in invoke("list").stdout
     assert not (tmp_path / "cache" / "models--JetLM--SDAR-1.7B-Chat" / "snapshots" / COMMIT / "config.json").exists()
     # the same when an earlier pull of this snapshot had ended well: the copy no longer counts as whole
     hub.failing.clear()
-    assert cli("pull", REPO, "-q").exit_code == 0 and local_copy(REPO) is not None
+    assert invoke("pull", REPO, "-q").exit_code == 0 and local_copy(REPO) is not None
     snapshot = local_copy(REPO)
     (snapshot / "tokenizer_config.json").unlink()
     hub.failing.add("tokenizer_config.json")
-    assert "failed at tokenizer_config.json" in one_error_line(cli("pull", REPO, "-q"))
-    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in cli("list").stdout
+    assert "failed at tokenizer_config.json" in one_error_line(invoke("pull", REPO, "-q"))
+    assert local_copy(REPO) is None and "sdar:1.7b-chat" not in invoke("list").stdout
 
 
 def test_a_missing_repo_is_one_line_and_writes_nothing(hub, tmp_path):
-    line = one_error_line(cli("pull", "nobody/nothing"))
+    line = one_error_line(invoke("pull", "nobody/nothing"))
     assert "no model 'nobody/nothing' on the hub" in line
     assert cached_repos(tmp_path) == []
 
@@ -203,12 +198,12 @@ def test_an_unreachable_hub_is_one_line_and_writes_nothing(tmp_path, monkeypatch
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    line = one_error_line(cli("pull", "dream:7b"))
+    line = one_error_line(invoke("pull", "dream:7b"))
     assert f"cannot reach the hub at http://127.0.0.1:{port}" in line
     assert cached_repos(tmp_path) == []
 
 
 def test_names_that_are_neither_are_usage_errors(hub):
-    out = cli("pull", "dream:9b")
+    out = invoke("pull", "dream:9b")
     assert out.exit_code == 2 and "unknown model 'dream:9b': try dream:7b" in out.output
-    assert cli("pull", "no-slash-here").exit_code == 2
+    assert invoke("pull", "no-slash-here").exit_code == 2

@@ -16,7 +16,8 @@ import pytest
 import reference_rnd1 as ref
 import torch
 from mask_heavy import heavy_copy, max_mask_probability
-from test_blockdiff import cli, prompt_of
+from cli_runner import invoke
+from test_blockdiff import prompt_of
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_rnd1 import (
@@ -271,22 +272,22 @@ def test_seeded_sampling_with_the_draws_injected(checkpoints, temperature, steps
 
 def test_generate_chat_and_info_through_the_cli(checkpoints):
     lm, naive = checkpoints("main")
-    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "16", "--raw",
+    record = json.loads(invoke("generate", "-m", lm.path, "--json", "-n", "16", "--raw",
                             "Question: 1+1?\nAnswer:").stdout)
     assert record["profile"] == "rnd1" and record["model"]["attention"] == "bidirectional"
     cfg = record["config"]
     assert (cfg["rule"], cfg["confidence"], cfg["steps"], cfg["cache"], cfg["temperature"], cfg["seed"]) == (
         "entropy_schedule", "entropy", 256, "none", 0.01, 1234)
     assert cfg["block_len"] == 16                                       # one global canvas, whatever -n
-    r = cli("generate", "-m", lm.path, "-n", "16", "--block-len", "8", "--raw", "hi")
+    r = invoke("generate", "-m", lm.path, "-n", "16", "--block-len", "8", "--raw", "hi")
     assert r.exit_code == 2 and "must equal gen_len 16" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert record["nfe"] == 16 and len(record["ids"]) <= 16
-    info = json.loads(cli("info", lm.path, "--json").stdout)
+    info = json.loads(invoke("info", lm.path, "--json").stdout)
     assert (info["family"], info["architectures"], info["mask_id"]) == ("rnd1", ["RND1"], MASK_ID)
     experts = sum(t.numel() for n, t in naive.w.items() if ".mlp.experts." in n)
     assert info["parameters"] == sum(t.numel() for t in naive.w.values())
     assert info["active_parameters"] == info["parameters"] - experts * (8 - 3) // 8
-    assert "active per token" in cli("info", lm.path).stdout
+    assert "active per token" in invoke("info", lm.path).stdout
 
 
 @pytest.mark.parametrize("quantize", ["8bit", "4bit"])
@@ -301,7 +302,7 @@ def test_quantized_on_cpu(checkpoints, quantize):
 
 def test_bench_rows_for_a_whole_canvas_schedule(checkpoints):
     lm, _ = checkpoints("main")
-    r = cli("bench", "-m", lm.path, "-n", "32", "--n-prompts", "1", "--warmup", "0", "-r", "1", "--raw", "-o", "json")
+    r = invoke("bench", "-m", lm.path, "-n", "32", "--n-prompts", "1", "--warmup", "0", "-r", "1", "--raw", "-o", "json")
     assert r.exit_code == 0, r.stderr
     records = {x["config"]: x for x in json.loads(r.stdout)["records"]}
     assert list(records) == ["baseline", "fewer-steps", "parallel", "dual+parallel"]

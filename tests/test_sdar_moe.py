@@ -17,7 +17,8 @@ import reference_blockdiff as ref
 import torch
 from mask_heavy import heavy_copy, max_mask_probability
 from reference_sdar_moe import NaiveSDARMoE
-from test_blockdiff import check_sdar, cli, ours, prompt_of
+from cli_runner import invoke
+from test_blockdiff import check_sdar, ours, prompt_of
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.tiny_sdar_moe import (
@@ -240,12 +241,12 @@ def test_a_batch_decodes_each_row_as_alone(checkpoints, cache):
 
 def test_generate_and_info_through_the_cli(checkpoints):
     lm, naive = checkpoints("main")
-    record = json.loads(cli("generate", "-m", lm.path, "--json", "-n", "16", "--raw", "def f(x):").stdout)
+    record = json.loads(invoke("generate", "-m", lm.path, "--json", "-n", "16", "--raw", "def f(x):").stdout)
     assert record["profile"] == "sdar" and record["model"]["attention"] == "block-causal(4)"
     assert (record["config"]["block_len"], record["config"]["rule"], record["config"]["threshold"],
             record["config"]["cache"]) == (4, "dynamic", 0.95, "prefix")
     assert record["nfe"] >= 1 and len(record["ids"]) <= 16 + 4
-    info = json.loads(cli("info", lm.path, "--json").stdout)
+    info = json.loads(invoke("info", lm.path, "--json").stdout)
     assert (info["family"], info["architectures"], info["mask_id"], info["end_of_turn_id"]) == (
         "sdar_moe", ["SDARMoeForCausalLM"], MASK_ID, 151645)
     experts = sum(t.numel() for n, t in naive.w.items() if ".mlp.experts." in n)
@@ -253,7 +254,7 @@ def test_generate_and_info_through_the_cli(checkpoints):
     assert info["parameters"] == sum(t.numel() for t in naive.w.values())
     assert info["active_parameters"] == info["parameters"] - experts * (8 - 3) // 8   # k of E experts per token
     assert info["block_matrix_parameters"] < info["parameters"] - 2 * 151936 * 64     # routers, norms, embedding, head
-    assert "active per token" in cli("info", lm.path).stdout
+    assert "active per token" in invoke("info", lm.path).stdout
 
 
 @pytest.mark.parametrize("quantize", ["8bit", "4bit"])
@@ -289,5 +290,5 @@ def test_malformed_or_unsupported_configs_fail_in_one_line(checkpoints, tmp_path
         with pytest.raises(UserError, match=re.escape(message)) as err:
             loading.load(_variant(checkpoints, tmp_path, **changes))
         assert "\n" not in str(err.value)
-    r = cli("generate", "-m", _variant(checkpoints, tmp_path, decoder_sparse_step=0), "hi")
+    r = invoke("generate", "-m", _variant(checkpoints, tmp_path, decoder_sparse_step=0), "hi")
     assert r.exit_code == 1 and "decoder_sparse_step" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -13,7 +13,7 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from test_chat import invoke as chat  # noqa: E402
-from test_cli import invoke  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
           "required": ["name", "ok"], "additionalProperties": False}

@@ -164,7 +164,7 @@ def test_a_matcher_failure_mid_answer_is_its_own_error(app, one_thread):
 
 
 def test_the_engine_and_the_cli_say_error_where_the_matcher_failed(v2, one_thread):
-    from test_cli import invoke
+    from cli_runner import invoke
 
     from fastdllm.decode.config import DecodeConfig
     from fastdllm.decode.constraint import Compiled, Spec

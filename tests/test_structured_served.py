@@ -156,7 +156,7 @@ def test_several_in_flight_each_answer_is_its_clis(family, one_thread):
 
 def test_the_cli_itself_answers_the_same(family, tmp_path, one_thread):
     """`fastdllm generate --chat --json-schema FILE --json` (the command, in this process) = the served answer."""
-    from test_cli import invoke
+    from cli_runner import invoke
 
     chat = family.lm.has_chat_template
     schema = tmp_path / "ab.json"
@@ -173,7 +173,7 @@ def test_the_cli_itself_answers_the_same(family, tmp_path, one_thread):
 @pytest.mark.parametrize("name", ["nemotron", "diffusion_gemma"])
 def test_a_family_without_structured_output_refuses_it_by_name(name, tmp_path):
     """Served: a 400 naming the field before anything is queued; the CLI: one line, not exit 0."""
-    from test_cli import invoke
+    from cli_runner import invoke
 
     from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
     from fastdllm.checkpoints.tiny_nemotron import write_nemotron

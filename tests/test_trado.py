@@ -20,12 +20,12 @@ def test_the_profile_is_the_authors_setting():
 
 
 def test_sampled_runs_follow_their_seed(tmp_path):
-    from test_blockdiff import cli
+    from cli_runner import invoke
 
     path = write_sdar(tmp_path / "trado-like")
 
     def ids(seed: int, *extra) -> list[int]:
-        r = cli("generate", "-m", path, "-P", "trado", "-n", "16", "--no-early-stop", "--seed", seed, "--json",
+        r = invoke("generate", "-m", path, "-P", "trado", "-n", "16", "--no-early-stop", "--seed", seed, "--json",
                 *extra, "hi")
         assert r.exit_code == 0, r.stderr
         return json.loads(r.stdout)
