@@ -59,7 +59,8 @@ def folder_weights(src: Path) -> dict[str, torch.Tensor]:
 
 def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", *, skip_keys=(),
                extra_tensor: tuple[str, str] | None = None, hook=None) -> Path:
-    """`outtype`: F32, BF16 or Q8_0 for the 2-D weights; norms stay F32 (the converter's rule)."""
+    """`outtype`: F32, BF16, Q8_0, ... for the 2-D weights, or a function of the GGUF name giving each
+    one's type (llama-quantize's mixes); norms stay F32 (the converter's rule)."""
     config = json.loads((src / "config.json").read_text())
     tok_config = json.loads((src / "tokenizer_config.json").read_text())
     tok_json = json.loads((src / "tokenizer.json").read_text())
@@ -82,7 +83,7 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
     w.add_causal_attention(False)
     w.add_diffusion_shift_logits(False)
     file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0"}
-    w.add_file_type(gguf.LlamaFileType[file_types.get(outtype, "ALL_F32")])
+    w.add_file_type(gguf.LlamaFileType[file_types.get(outtype if isinstance(outtype, str) else "", "ALL_F32")])
     # the vocabulary (_set_vocab_gpt2): every id below vocab_size, added special tokens as CONTROL
     vocab = tok_json["model"]["vocab"]
     added = {t["content"]: t["id"] for t in tok_json["added_tokens"]}
@@ -109,7 +110,8 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
                 data = converter_permute(data, config["n_heads" if m.group(2) == "q_proj" else "n_kv_heads"])
         else:
             new = GGUF_NAMES[name]
-        add_tensor(w, new, data, "F32" if data.ndim == 1 or new.endswith("_norm.weight") else outtype)
+        kind = outtype(new) if callable(outtype) else outtype          # a mix (Q4_K_M): a type per tensor
+        add_tensor(w, new, data, "F32" if data.ndim == 1 or new.endswith("_norm.weight") else kind)
     if extra_tensor:
         extra(w, *extra_tensor)
     if hook:
@@ -122,8 +124,13 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
 
 
 def add_tensor(w, name: str, data: np.ndarray, qtype: str) -> None:
+    """The gguf package's quantizer; for the k-quants, which it only reads, checkpoints/gguf_kquants.py."""
+    from fastdllm.checkpoints.gguf_kquants import quantize_kquant
+
     kind = gguf.GGMLQuantizationType[qtype]
-    w.add_tensor(name, data.astype(np.float32) if qtype == "F32" else gguf.quants.quantize(data, kind), raw_dtype=kind)
+    raw = (data.astype(np.float32) if qtype == "F32" else quantize_kquant(data, qtype) if qtype.endswith("_K")
+           else gguf.quants.quantize(data, kind))
+    w.add_tensor(name, raw, raw_dtype=kind)
 
 
 def extra(w, name: str, qtype: str) -> None:
@@ -236,11 +243,13 @@ def test_other_architectures_are_refused_by_name(llada_dir, tmp_path, arch, mess
 
 
 def test_other_tensor_types_are_refused_by_name(llada_dir, tmp_path, no_weights_read):
-    q4 = write_gguf(llada_dir, tmp_path / "q4_0.gguf", "Q4_0")
-    one_line_refusal(lambda: resolve_model_dir(str(q4)), "q4_0.gguf holds Q4_0 tensors (e.g. ")
-    one_line_refusal(lambda: resolve_model_dir(str(q4)), "; fastdllm reads GGUF tensors of types F32, F16, BF16, Q8_0 so far")
-    k_quant = write_gguf(llada_dir, tmp_path / "q4_k.gguf", "Q8_0", extra_tensor=("blk.0.extra.weight", "Q4_K"))
-    one_line_refusal(lambda: resolve_model_dir(str(k_quant)), "holds Q4_K tensors (e.g. blk.0.extra.weight)")
+    q5 = write_gguf(llada_dir, tmp_path / "q5_0.gguf", "Q5_0")
+    one_line_refusal(lambda: resolve_model_dir(str(q5)), "q5_0.gguf holds Q5_0 tensors (e.g. ")
+    one_line_refusal(lambda: resolve_model_dir(str(q5)), "; fastdllm reads GGUF tensors of types F32, F16, BF16, "
+                                                         "Q8_0, Q4_0, Q4_K, Q5_K, Q6_K so far")
+    for qtype in ("Q2_K", "IQ2_XXS"):
+        k_quant = write_gguf(llada_dir, tmp_path / f"{qtype}.gguf", "Q8_0", extra_tensor=("blk.0.extra.weight", qtype))
+        one_line_refusal(lambda: resolve_model_dir(str(k_quant)), f"holds {qtype} tensors (e.g. blk.0.extra.weight)")
 
 
 def test_tensors_llada_has_no_place_for_are_refused(llada_dir, tmp_path, no_weights_read):
@@ -316,7 +325,7 @@ def test_cli_generate_on_a_gguf_file_gives_the_folders_answer(llada_dir, files):
 def test_cli_refusal_is_one_line_exit_1(llada_dir, tmp_path):
     from test_cli import invoke
 
-    path = write_gguf(llada_dir, tmp_path / "q4.gguf", "Q4_0")
+    path = write_gguf(llada_dir, tmp_path / "q5.gguf", "Q5_0")
     r = invoke("generate", "-m", path, "-n", "8", "Hello")
     assert r.exit_code == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0 and "holds Q4_0 tensors" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "holds Q5_0 tensors" in r.stderr

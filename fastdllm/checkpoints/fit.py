@@ -120,6 +120,11 @@ def check(model_dir: Path, name: str, *, dtype: str, device: str, quantize: str,
     except Exception:      # headers unreadable: loading itself reports that in its own words
         return None
     machine = this_machine(device)
+    from .gguf_folder import source_of
+    from .gguf_int4 import default_quantize
+
+    if (gguf := source_of(model_dir)) is not None:           # a Q4_0 / Q4_K file loads as int4 on a CPU
+        quantize, _ = default_quantize(gguf, quantize, device, dtype)
     if dtype == "auto" and machine.kind == "cpu" and quantize == "none":
         from .cpu_dtype import auto_choice
 

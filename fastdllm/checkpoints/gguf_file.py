@@ -12,8 +12,11 @@ from pathlib import Path
 from ..errors import UserError
 from .gguf_arch import Arch, arch_of, check_common, decimal, dream_config, rnd1_config, specials
 
-READS = ("F32", "F16", "BF16", "Q8_0")            # the tensor types this part takes (docs/gguf.md)
-DEQUANTIZED = ("Q8_0",)                           # read into the compute dtype, not kept quantized yet
+FLOATS = ("F32", "F16", "BF16")
+QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")      # kept quantized on a CPU (gguf_int8.py, gguf_int4.py)
+READS = FLOATS + QUANTIZED                                # the tensor types fastdllm takes (docs/gguf.md 4)
+DEQUANTIZED = QUANTIZED                                   # into the compute dtype where not kept quantized
+FOUR_BIT = ("Q4_0", "Q4_K")                               # int4 by default on a CPU (gguf_int4.py)
 
 
 def gguf_module():
@@ -32,6 +35,7 @@ class GGUFTensor:
     shape: tuple[int, ...]     # torch order: (out_features, in_features)
     n_bytes: int
     raw: object                # the reader's memory-mapped view of the file's bytes
+    offset: int = 0            # where those bytes start in the file
 
 
 class GGUFFile:
@@ -77,8 +81,24 @@ class GGUFFile:
             if published is None:
                 raise UserError(f"{self.path.name}: tensor {t.name} has no place in fastdllm's {self.arch} "
                                 f"(its known tensors: {arch.known()})")
-            out.append(GGUFTensor(published, t.name, kind, shape, int(t.n_bytes), t.data))
+            out.append(GGUFTensor(published, t.name, kind, shape, int(t.n_bytes), t.data, int(t.data_offset)))
         return out
+
+
+def release(f: GGUFFile, t: GGUFTensor) -> None:
+    """Drop the pages of `t`'s bytes from this process's resident memory once they are read (the
+    kernel's page cache keeps them; touching them again reads them back): loading then holds the
+    model being built plus one tensor of the file, not the whole file as well."""
+    import mmap
+
+    mapped = getattr(f.reader.data, "_mmap", None)         # numpy.memmap's own mmap object
+    if mapped is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        mapped.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
+    except (OSError, ValueError):          # not supported here: the pages stay until the reader goes
+        pass
 
 
 def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
@@ -159,6 +179,7 @@ def state_dict(path: Path, config: dict, dtype) -> dict:
             out.update({t.name.format(e=e): array[e] for e in range(array.shape[0])})
         else:
             out[t.name] = array
+        release(f, t)
     return out
 
 
@@ -185,9 +206,17 @@ def summary(tensors: list[GGUFTensor]) -> dict:
         for s in t.shape:
             n *= s
         counts[t.type] += n
-    types = [k.lower() for k, _ in counts.most_common()]
-    dequantized = [k for k in counts if k in DEQUANTIZED]
-    how = (f"; {', '.join(dequantized)} dequantized to the compute dtype at load; --quantize int8: "
-           f"{', '.join(dequantized)} re-quantized per row into int8 straight from the file (one more rounding, "
-           "docs/gguf.md 10)") if dequantized else ""
-    return {"dtype_on_disk": f"{', '.join(types)} (GGUF{how})", "bytes_on_disk": sum(t.n_bytes for t in tensors)}
+    types = [k for k, _ in counts.most_common()]
+    dequantized = ", ".join(k for k in types if k in DEQUANTIZED)
+    four_bit = [k for k in types if k in FOUR_BIT]
+    if four_bit:         # gguf_int4.py: kept quantized on a CPU by default
+        rest = [k for k in types if k in QUANTIZED and k not in four_bit]
+        how = (f"; on a CPU {', '.join(four_bit)} kept as int4" + (f" and {', '.join(rest)} as int8 rows" if rest else "")
+               + f", re-quantized (docs/gguf.md 11; --quantize int8: all int8 rows); on a GPU {dequantized} "
+               "dequantized to the compute dtype")
+    else:
+        how = (f"; {dequantized} dequantized to the compute dtype at load; --quantize int8: {dequantized} "
+               "re-quantized per row into int8 straight from the file (one more rounding, docs/gguf.md 10)"
+               ) if dequantized else ""
+    return {"dtype_on_disk": f"{', '.join(k.lower() for k in types)} (GGUF{how})", "types": types,
+            "bytes_on_disk": sum(t.n_bytes for t in tensors)}

@@ -17,7 +17,7 @@ from ..errors import UserError
 from .gguf_file import config_for, open_checked, summary
 
 MARKER = "gguf.json"
-FORMAT = 2             # bumped when what the folder holds changes: older folders are rebuilt
+FORMAT = 3             # bumped when what the folder holds changes: older folders are rebuilt
 
 
 def folder_for(path: Path) -> Path:

@@ -18,10 +18,11 @@ from .. import host_memory, thread_watch
 from ..decode.decoder import Decoder, SpecialTokens
 from ..errors import UsageError, UserError
 from .family import family_of, read_config
-from .gguf_file import DEQUANTIZED
+from .gguf_file import DEQUANTIZED, FOUR_BIT
 from .gguf_file import state_dict as gguf_state_dict
 from .gguf_folder import source_of
-from .gguf_int8 import KEPT, place_int8, state_dict_int8
+from .gguf_int4 import default_quantize, describe_kept, kernels_for
+from .gguf_int8 import place_kept, state_dict_kept
 from .packed_experts import load_experts_apart
 from .placement import (
     BNB_ON_CPU_NOTE,
@@ -108,6 +109,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     gguf = source_of(path)            # a GGUF file's folder (gguf_folder.py): weights from that file
     if gguf is None:
         _check_weights(path)
+    else:                             # a Q4_0 / Q4_K file on a CPU: int4 unless asked otherwise (gguf_int4.py)
+        quantize, kept_note = default_quantize(gguf, quantize, device, dtype)
     tokenizer = load_tokenizer(path)
     torch_dtype, device_map, dtype_choice = torch_placement(dtype, device, quantize)
     cpu_quant = quantize in CPU_FORMATS
@@ -124,17 +127,18 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         config.experts_apart = hasattr(model_cls, "packed_experts")
     from safetensors import SafetensorError
 
-    kept = gguf is not None and quantize == "int8" and any(t.lower() in gguf["dtype_on_disk"] for t in KEPT)
+    kernel_for = kernels_for(quantize) if gguf is not None else None
+    kept = kernel_for is not None and any(t in DEQUANTIZED for t in gguf.get("types", ()))
     try:
-        if kept:              # Q8_0 straight into int8 rows (gguf_int8.py): no bf16 copy of those weights
-            kwargs["state_dict"], codes = state_dict_int8(Path(gguf["file"]), raw, torch_dtype)
+        if kept:              # quantized tensors straight into int8 / int4 (gguf_int8.py): no bf16 copy of them
+            kwargs["state_dict"], codes = state_dict_kept(Path(gguf["file"]), raw, torch_dtype, kernel_for)
         elif gguf is not None:
             kwargs["state_dict"] = gguf_state_dict(Path(gguf["file"]), raw, torch_dtype)
         model, report = model_cls.from_pretrained(None if gguf else path, config=config, output_loading_info=True,
                                                   **kwargs)
         model_cls.check_loaded(report)
         if kept:
-            n_kept = place_int8(model, kwargs.pop("state_dict"), codes, torch_dtype)
+            placed = place_kept(model, kwargs.pop("state_dict"), codes, torch_dtype)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
         if hasattr(model, "read_files"):         # files beside the weights (Nemotron's linear_spec_lora)
@@ -158,10 +162,13 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     if gguf is not None:
         loaded.info.update(path=gguf["file"], gguf=gguf["dtype_on_disk"])
         if kept:
-            loaded.info["gguf_int8"] = f"{n_kept} block linears from Q8_0 re-quantized per row (docs/gguf.md 10)"
-        elif dequantized := [t for t in DEQUANTIZED if t.lower() in gguf["dtype_on_disk"]]:
-            loaded.notes.append(f"{', '.join(dequantized)} tensors dequantized to {loaded.info['dtype']} at load "
-                                "(--quantize int8 keeps them int8)")
+            loaded.info[f"gguf_{quantize}"] = describe_kept(placed, quantize)
+            loaded.notes += [kept_note] if kept_note else []
+        elif dequantized := [t for t in gguf.get("types", ()) if t in DEQUANTIZED]:
+            keep = ("the int4 / int8 kernels are CPU kernels" if loaded.device.type != "cpu" else
+                    "--quantize int4 keeps them quantized" if any(t in FOUR_BIT for t in dequantized) else
+                    "--quantize int8 keeps them int8")
+            loaded.notes.append(f"{', '.join(dequantized)} tensors dequantized to {loaded.info['dtype']} at load ({keep})")
     if loaded.device.type == "cpu":      # the CLI's thread count follows the free cores (thread_watch.py):
         model.embed.register_forward_pre_hook(thread_watch.poll)     # every forward path embeds first
     if cpu_quant:

@@ -70,19 +70,27 @@ def dequantize_int4(q: torch.Tensor, m: torch.Tensor, row: torch.Tensor) -> torc
     return ((q.view(N, K // GROUP, GROUP).float() - 8) * step[..., None]).view(N, K)
 
 
+def int4_buffers(q: torch.Tensor, m: torch.Tensor, row: torch.Tensor, dtype: torch.dtype) -> dict:
+    """quantize_int4's (q, m, row) -> the Int4Linear's buffers: the packed codes, the steps as the
+    weight-only kernel's scales (zeros 0), the multipliers and row scales of W4A8."""
+    step = (m.float() * row[:, None]).T                                      # (K/G, N), exact in dtype
+    return {"weight": torch._convert_weight_to_int4pack_for_cpu(q, 1),         # (N, K/2) uint8
+            "scales_and_zeros": torch.stack([step, torch.zeros_like(step)], -1).to(dtype),
+            "multipliers": m.T.contiguous(),                                   # (K/G, N) int8
+            "row_scales": row}                                                 # (N,) fp32
+
+
 class Int4Linear(QuantLinear):
     """int4 weights (the module docstring): weight-only under `w8a8_rows` rows (`w4a8_rows()`),
     W4A8 from there, where `_int_mm` is exact and `int4pack_codes` reads this torch's packing."""
     fmt = "int4"
 
-    def __init__(self, lin: nn.Linear, dtype: torch.dtype):
+    def __init__(self, lin: nn.Linear, dtype: torch.dtype, buffers: dict | None = None):
+        """`buffers`: int4_buffers made beforehand (a GGUF file's tensors, checkpoints/gguf_int4.py);
+        else quantized from `lin.weight`."""
         super().__init__(lin, dtype)
-        q, m, row = quantize_int4(lin.weight)
-        step = (m.float() * row[:, None]).T                                  # (K/G, N), exact in dtype
-        self.register_buffer("weight", torch._convert_weight_to_int4pack_for_cpu(q, 1))   # (N, K/2) uint8
-        self.register_buffer("scales_and_zeros", torch.stack([step, torch.zeros_like(step)], -1).to(dtype))
-        self.register_buffer("multipliers", m.T.contiguous())               # (K/G, N) int8
-        self.register_buffer("row_scales", row)                              # (N,) fp32
+        for name, tensor in (buffers or int4_buffers(*quantize_int4(lin.weight), dtype)).items():
+            self.register_buffer(name, tensor)
         self.panel = int4pack_panel()                                        # the packing's, for W4A8
         self.w8a8_rows = w4a8_rows()                                         # int8 activations from here
 

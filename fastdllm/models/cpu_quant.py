@@ -40,9 +40,10 @@ class Int8Linear(QuantLinear):
     activation dtype once, + bias."""
     fmt = "int8"
 
-    def __init__(self, lin: nn.Linear, dtype: torch.dtype, head: bool = False):
+    def __init__(self, lin: nn.Linear, dtype: torch.dtype, head: bool = False, codes: tuple | None = None):
+        """`codes`: (q, scale) made beforehand (a GGUF file's tensors, checkpoints/gguf_int8.py)."""
         super().__init__(lin, dtype)
-        q, scale = quantize_int8(lin.weight, dtype)
+        q, scale = codes if codes is not None else quantize_int8(lin.weight, dtype)
         self.register_buffer("weight", q)                                # (N, K) int8
         self.register_buffer("scales", scale)                            # (N,)
         self.w8a8_rows = w8a8_rows(head)
