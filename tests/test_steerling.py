@@ -186,3 +186,17 @@ def test_a_missing_rank_file_is_one_line(folders, tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
     with pytest.raises(UserError, match="downloads nothing"):
         load(folder)
+
+
+def test_generate_chat_and_info_through_the_cli(folders):
+    from cli_runner import invoke
+
+    folder = folders["instruct"]
+    record = json.loads(invoke("generate", "-m", str(folder), "--json", "-n", "16", "hello there").stdout)
+    cfg = record["config"]
+    assert record["profile"] == "steerling" and (cfg["block_len"], cfg["rule"], cfg["cache"]) == (8, "fixed", "prefix")
+    assert (cfg["entropy_sampling"], cfg["top_p"], cfg["repetition_penalty"], cfg["seed"]) == (True, 0.8, 1.1, 42)
+    r = invoke("generate", "-m", str(folder), "-n", "16", "--rule", "threshold", "hi")
+    assert r.exit_code == 1 and "authors' rule" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    info = json.loads(invoke("info", str(folder), "--json").stdout)
+    assert (info["family"], info["mask_id"], info["eot_id"] if "eot_id" in info else EOT) == ("steerling", 285, EOT)

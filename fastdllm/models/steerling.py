@@ -42,6 +42,7 @@ class SteerlingConfig(PretrainedConfig):
                  interpretable=False, **kwargs):
         self.vocab_size, self.n_layers, self.n_head, self.n_embd = vocab_size, n_layers, n_head, n_embd
         self.n_kv_heads = n_kv_heads or n_head
+        self.head_dim = n_embd // n_head                # no key of its own: n_embd / n_head
         self.block_size, self.diff_block_size, self.norm_eps = block_size, diff_block_size, norm_eps
         self.rope_base, self.clip_qkv, self.weight_sharing = rope_base, clip_qkv, weight_sharing
         self.intermediate_size = intermediate_size or mlp_ratio * n_embd
