@@ -207,7 +207,7 @@ def test_logit_error_against_the_dequantized_model(files, file, wide, tmp_path):
 # --- memory, chunks, the default, the CLI ---
 
 def test_stand_ins_hold_no_memory_and_chunks_change_nothing(files, wide, monkeypatch):
-    from fastdllm.checkpoints import gguf_int8
+    from fastdllm.checkpoints import gguf_file, gguf_int8
     from fastdllm.checkpoints.gguf_int4 import int4_kernels
 
     config = json.loads((resolve_model_dir(str(files["Q4_K_M"])) / "config.json").read_text())
@@ -215,7 +215,7 @@ def test_stand_ins_hold_no_memory_and_chunks_change_nothing(files, wide, monkeyp
     assert len(codes) == 14
     for name in codes:
         assert weights[name].untyped_storage().nbytes() <= 2 and weights[name].stride() == (0, 0), name
-    monkeypatch.setattr(gguf_int8, "CHUNK", 256 * 3)                  # 3 rows at a time
+    monkeypatch.setattr(gguf_file, "CHUNK", 256 * 3)                  # 3 rows at a time
     _, small = gguf_int8.state_dict_kept(files["Q4_K_M"], config, torch.bfloat16, int4_kernels)
     for name, (kernel, qtype, held) in codes.items():
         other = small[name][2]

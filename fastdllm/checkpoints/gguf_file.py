@@ -5,6 +5,7 @@ a missing key, a file that is not GGUF) is one line, raised before any weight is
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")      # kept quantized on a 
 READS = FLOATS + QUANTIZED                                # the tensor types fastdllm takes (docs/gguf.md 4)
 DEQUANTIZED = QUANTIZED                                   # into the compute dtype where not kept quantized
 FOUR_BIT = ("Q4_0", "Q4_K")                               # int4 by default on a CPU (gguf_int4.py)
+CHUNK = 1 << 22              # values dequantized at a time: 16 MiB of float32 and the package's temporaries
 
 
 def gguf_module():
@@ -165,16 +167,14 @@ def unpermute_rows(w, n_heads: int):
 
 
 def state_dict(path: Path, config: dict, dtype) -> dict:
-    """The published-name state dict in `dtype`: F32/F16/BF16 converted, Q8_0 dequantized by the
-    gguf package (its own dequantize, float32, then `dtype`), permuted rows put back, stacked experts
-    (E, out, in) split into the published per-expert tensors."""
-    import torch
-
+    """The published-name state dict in `dtype`: F32/F16/BF16 converted, the quantized types
+    dequantized by the gguf package (its own dequantize, float32, then `dtype`), permuted rows put
+    back, stacked experts (E, out, in) split into the published per-expert tensors."""
     f, tensors = open_checked(path)
     arch = arch_of(f)
     out = {}
     for t in tensors:
-        array = torch.from_numpy(float32(t, arch, config)).to(dtype)
+        array = dequantized(t, arch, config, dtype)
         if "{e}" in t.name:
             out.update({t.name.format(e=e): array[e] for e in range(array.shape[0])})
         else:
@@ -183,19 +183,32 @@ def state_dict(path: Path, config: dict, dtype) -> dict:
     return out
 
 
-def float32(t: GGUFTensor, arch: Arch, config: dict):
-    """One tensor as float32 numpy in torch's shape and the published row order."""
+def row_chunks(t: GGUFTensor):
+    """(first row, float32 numpy (rows, K)) over the tensor's rows in the file's order (experts
+    stacked: E * out rows), CHUNK values at a time: the gguf package's dequantization (exact in
+    float32 for every type read here) never holds more than a chunk and its temporaries."""
     import numpy as np
 
     gguf = gguf_module()
-    if t.type in ("F32", "F16"):
-        array = np.array(t.raw, dtype=np.float32).reshape(t.shape)     # a copy: the reader maps the file read-only
-    else:                                     # BF16, Q8_0: raw bytes, the package decodes them
-        array = gguf.quants.dequantize(t.raw, gguf.GGMLQuantizationType[t.type]).reshape(t.shape)
+    kind = gguf.GGMLQuantizationType[t.type]
+    raw = t.raw.reshape(-1, t.raw.shape[-1])                 # (R, bytes or values of a row)
+    step = max(1, CHUNK // t.shape[-1])
+    for i in range(0, raw.shape[0], step):                   # a copy: the reader maps the file read-only
+        yield i, np.array(gguf.quants.dequantize(raw[i:i + step], kind), dtype=np.float32)
+
+
+def dequantized(t: GGUFTensor, arch: Arch, config: dict, dtype):
+    """One tensor as a torch tensor in `dtype`, torch's shape, the published row order."""
+    import torch
+
+    out = torch.empty((math.prod(t.shape[:-1]), t.shape[-1]), dtype=dtype)
+    for i, rows in row_chunks(t):
+        out[i:i + len(rows)] = torch.from_numpy(rows)
+    out = out.view(t.shape)
     module = t.name.rsplit(".", 2)[-2]
     if module in arch.permuted:
-        array = unpermute_rows(array, config[arch.permuted[module]])
-    return np.ascontiguousarray(array)
+        out = unpermute_rows(out, config[arch.permuted[module]]).contiguous()
+    return out
 
 
 def summary(tensors: list[GGUFTensor]) -> dict:

@@ -4,7 +4,7 @@ without a bf16 copy of the model. This module is the mechanism both share; which
 which kernel is `int8_kernels` here (`--quantize int8`) and gguf_int4.py's `int4_kernels`.
 
 No GGUF type maps exactly onto fastdllm's layouts (sections 10, 11), so each tensor is re-quantized:
-the gguf package dequantizes CHUNK values' worth of rows at a time (float32, exact for every type
+the gguf package dequantizes gguf_file.CHUNK values' worth of rows at a time (float32, exact for every type
 read here) and fastdllm's own per-row quantizer takes them. Both work row by row, so chunking and
 putting the converter's q/k rows back after quantizing change nothing.
 
@@ -22,10 +22,9 @@ import torch
 from torch import nn
 
 from .gguf_arch import arch_of
-from .gguf_file import QUANTIZED, GGUFTensor, float32, gguf_module, open_checked, release, unpermute_rows
+from .gguf_file import QUANTIZED, GGUFTensor, dequantized, open_checked, release, row_chunks, unpermute_rows
 
 ROUTERS = ("mlp.gate",)      # MoE routers stay float (as --quantize int8 keeps them for a folder)
-CHUNK = 1 << 22              # values dequantized at a time: 16 MiB of float32 and the quantizer's temporaries
 
 KernelFor = Callable[[GGUFTensor], "str | None"]      # a tensor -> "int8", "int4" or None (float)
 
@@ -53,10 +52,9 @@ def state_dict_kept(path: Path, config: dict, dtype, kernel_for: KernelFor) -> t
                         and not t.name.removesuffix(".weight").endswith(ROUTERS))
         kernel = kernel_for(t) if block_linear else None
         names = [t.name.format(e=e) for e in range(t.shape[0])] if "{e}" in t.name else [t.name]
-        if kernel is None:
-            array = torch.from_numpy(float32(t, arch, config))              # one tensor at a time, float32
-            for name, w in zip(names, list(array) if "{e}" in t.name else [array]):
-                weights[name] = w.to(dtype)
+        if kernel is None:                           # one tensor at a time, straight into `dtype`
+            array = dequantized(t, arch, config, dtype)
+            weights.update(zip(names, list(array) if "{e}" in t.name else [array]))
             del array
         else:
             rows = quantized_rows(t, arch, config, kernel, dtype)           # (E * out, ...) each
@@ -73,16 +71,12 @@ def state_dict_kept(path: Path, config: dict, dtype, kernel_for: KernelFor) -> t
 def quantized_rows(t: GGUFTensor, arch, config: dict, kernel: str, dtype) -> tuple[torch.Tensor, ...]:
     """fastdllm's per-row quantization of the tensor's rows (experts stacked: E * out rows), in the
     published row order: int8 (q (R, K) int8, scale (R,)), int4 (q (R, K) int32, m (R, K/32) int8,
-    row (R,) fp32). Dequantized by the gguf package CHUNK values at a time."""
+    row (R,) fp32), made from the gguf package's dequantization a chunk of rows at a time."""
     from ..models.cpu_int4 import quantize_int4
     from ..models.cpu_quant import quantize_int8
 
     quantize = (lambda w: quantize_int8(w, dtype)) if kernel == "int8" else quantize_int4
-    kind = gguf_module().GGMLQuantizationType[t.type]
-    raw = t.raw.reshape(-1, t.raw.shape[-1])                                # (R, bytes of a row)
-    step = max(1, CHUNK // t.shape[-1])
-    parts = [quantize(torch.from_numpy(gguf_module().quants.dequantize(raw[i:i + step], kind)))
-             for i in range(0, raw.shape[0], step)]
+    parts = [quantize(torch.from_numpy(rows)) for _, rows in row_chunks(t)]
     out = tuple(torch.cat(p) if len(p) > 1 else p[0] for p in zip(*parts))
     module = t.name.rsplit(".", 2)[-2]
     if module in arch.permuted:                      # the converter's q/k row order, per row: undone after

@@ -25,8 +25,12 @@ from .cpu_kernels import QuantLinear, int8_matmul, w8a8_rows
 FORMATS = ("int8", "int4")
 
 
-def quantize_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (N, K) float -> (q (N, K) int8, scale (N,) in `dtype`): symmetric per row."""
+def quantize_int8(w: torch.Tensor, dtype: torch.dtype, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (q (N, K) int8, scale (N,) in `dtype`): symmetric per row, `rows` rows at a
+    time (a 152k-row embedding's float32 temporaries would be several times its size)."""
+    if w.shape[0] > rows:
+        parts = [quantize_int8(w[i:i + rows], dtype, rows) for i in range(0, w.shape[0], rows)]
+        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
     w = w.detach().float()
     scale = (w.abs().amax(1) / 127).clamp_min(1e-12).to(dtype)          # rounded as stored
     q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
