@@ -63,3 +63,13 @@ def heavy_copy(lm, dst: Path, canvas: list[int]):
 def max_mask_probability(lm, canvas: list[int]) -> float:
     """The largest p(mask) the model gives at any position of `canvas` (one full forward)."""
     return float(logits_over(lm, canvas).softmax(-1)[:, lm.specials.mask].max())
+
+
+def prompt_of(lm, boundary: bool) -> list[int]:
+    """The chat prompt of conftest.HEAVY_PROMPT (42 tokens: off the block grid of 16), or 48 tokens
+    (on it): the prompt the accelerators' exactness tests decode."""
+    from conftest import HEAVY_PROMPT
+
+    prompt = lm.encode(HEAVY_PROMPT, chat=True)
+    return (prompt + lm.encode(" Then test it on a few numbers, please, and explain", chat=False))[:48] \
+        if boundary else prompt

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
-from mask_heavy import max_mask_probability
+from mask_heavy import max_mask_probability, prompt_of
 from one_line import one_line_refusal
 from reference_credit import credit_generate
 
@@ -150,13 +150,6 @@ def theirs(lm, prompt, cfg, **kw):
 def credit_cfg(cache, threshold, **kw):
     return DecodeConfig(**{**dict(gen_len=32, block_len=16, cache=cache, rule="dinfer", threshold=threshold,
                                   credit=True, early_stop=False), **kw})
-
-
-def prompt_of(lm, boundary):
-    """The chat prompt (42 tokens: off the block grid of 16), or 48 tokens (on it)."""
-    prompt = lm.encode(HEAVY_PROMPT, chat=True)
-    return (prompt + lm.encode(" Then test it on a few numbers, please, and explain", chat=False))[:48] \
-        if boundary else prompt
 
 
 @pytest.mark.parametrize("align", ["prompt", "grid"])

@@ -15,8 +15,7 @@ import json
 
 import pytest
 import torch
-from conftest import HEAVY_PROMPT
-from mask_heavy import max_mask_probability
+from mask_heavy import max_mask_probability, prompt_of
 from one_line import one_line_refusal
 from reference_dpad import dpad_generate, draw_suffix, gaussian_keep
 
@@ -188,13 +187,6 @@ def dpad_cfg(cache, rule, k, scale, **kw):
     one token a step (the fixed rule, steps = gen_len)."""
     return DecodeConfig(**{**dict(gen_len=128, block_len=16, cache=cache, rule=rule, threshold=0.9,
                                   dpad_window=64, dpad_k=k, dpad_scale=scale), **kw})
-
-
-def prompt_of(lm, boundary):
-    """The chat prompt (42 tokens: off the block grid of 16), or 48 tokens (on it)."""
-    prompt = lm.encode(HEAVY_PROMPT, chat=True)
-    return (prompt + lm.encode(" Then test it on a few numbers, please, and explain", chat=False))[:48] \
-        if boundary else prompt
 
 
 def assert_equal_to_theirs(lm, prompt, cfg, decoder=None):

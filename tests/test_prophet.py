@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
+from mask_heavy import prompt_of
 from one_line import one_line_refusal
 from reference_prophet import prophet_generate
 
@@ -134,13 +135,6 @@ def theirs(lm, prompt, cfg):
         steps=cfg.total_steps, anchor=cfg.answer_anchor, mask_id=lm.specials.mask, cache=cfg.cache,
         thresholds=(cfg.prophet_early, cfg.prophet_mid, cfg.prophet_late), record=record)
     return record, canvas[0, len(prompt):], nfe, exit_at
-
-
-def prompt_of(lm, boundary):
-    """The chat prompt (42 tokens: off the block grid of 16), or 48 tokens (on it)."""
-    prompt = lm.encode(HEAVY_PROMPT, chat=True)
-    return (prompt + lm.encode(" Then test it on a few numbers, please, and explain", chat=False))[:48] \
-        if boundary else prompt
 
 
 # (cache, phase): no cache tests every step, the caches only each block's first (full) forward
