@@ -298,7 +298,7 @@ def test_without_the_gguf_package_one_line_names_the_extra(files, monkeypatch):
 # --- the CLI: `-m FILE.gguf` as a folder is taken ---
 
 def test_cli_info_on_a_gguf_file(llada_dir, files):
-    from test_cli import invoke
+    from cli_runner import invoke
 
     r = invoke("info", "-m", files["Q8_0"], "--json")
     assert r.exit_code == 0, r.stderr
@@ -311,7 +311,8 @@ def test_cli_info_on_a_gguf_file(llada_dir, files):
 
 
 def test_cli_generate_on_a_gguf_file_gives_the_folders_answer(llada_dir, files):
-    from test_cli import SMALL, invoke
+    from cli_runner import invoke
+    from test_cli import SMALL
 
     args = ["generate", *SMALL, "--dtype", "fp32", "--threshold", "0.7", "--json", "Hello there"]
     got = invoke(*args[:1], "-m", files["F32"], *args[1:])
@@ -323,7 +324,7 @@ def test_cli_generate_on_a_gguf_file_gives_the_folders_answer(llada_dir, files):
 
 
 def test_cli_refusal_is_one_line_exit_1(llada_dir, tmp_path):
-    from test_cli import invoke
+    from cli_runner import invoke
 
     path = write_gguf(llada_dir, tmp_path / "q5.gguf", "Q5_0")
     r = invoke("generate", "-m", path, "-n", "8", "Hello")

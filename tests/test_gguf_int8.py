@@ -79,7 +79,7 @@ def test_int8_from_the_file_is_as_close_to_q8_0_as_int8_through_bf16(llada_dir, 
 
 
 def test_info_states_what_int8_does_with_q8_0(q8_file):
-    from test_cli import invoke
+    from cli_runner import invoke
 
     r = invoke("info", "-m", q8_file, "--json")
     assert r.exit_code == 0, r.stderr
