@@ -86,6 +86,8 @@ def bench(
     dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
     device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
     quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
+    device_map: Annotated[Optional[str], MODEL_FLAGS["device_map"][1]] = None,
+    max_memory: Annotated[Optional[str], MODEL_FLAGS["max_memory"][1]] = None,
 ):
     """Benchmark decoding configurations (cache modes x commit rules) on a prompt set: tokens/s,
     NFE, speedup and agreement with the no-cache one-token-per-step baseline, memory, quality;
@@ -110,7 +112,8 @@ def bench(
     spec = spec_from(json_schema, regex, grammar)
     repetitions = bench_rounds.parse(repetitions)
     runner.check_counts(repetitions, warmup)
-    placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    placement = model_placement(dtype=dtype, device=device, quantize=quantize, device_map=device_map,
+                                max_memory=max_memory)
     if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
         raise typer.Exit(parallel.launch(num_processes))
     check_writable(output, "--output")

@@ -61,6 +61,8 @@ def eval_(
     dtype: Annotated[Optional[str], MODEL_FLAGS["dtype"][1]] = None,
     device: Annotated[Optional[str], MODEL_FLAGS["device"][1]] = None,
     quantize: Annotated[Optional[str], MODEL_FLAGS["quantize"][1]] = None,
+    device_map: Annotated[Optional[str], MODEL_FLAGS["device_map"][1]] = None,
+    max_memory: Annotated[Optional[str], MODEL_FLAGS["max_memory"][1]] = None,
     *, decode: dict,
 ):
     """Evaluate profiles or a suite's rows on lm-evaluation-harness tasks: each task's metric with its
@@ -86,7 +88,8 @@ def eval_(
     if mc_num < 1 or mc_batch < 1 or mc_num % mc_batch:
         raise UsageError(f"--mc-num {mc_num} must be a positive multiple of --mc-batch {mc_batch}")
     lengths = eval_rows.lengths(gen_lens)
-    placement = model_placement(dtype=dtype, device=device, quantize=quantize)
+    placement = model_placement(dtype=dtype, device=device, quantize=quantize, device_map=device_map,
+                                max_memory=max_memory)
     if importlib.util.find_spec("lm_eval") is None:     # said once, not by each process of a parallel run
         raise UserError(needs_extra("lm_eval", "eval"))
     if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks

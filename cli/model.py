@@ -62,7 +62,8 @@ def prepare(opts: RunOptions):
     cfg = profiles.resolve(profile, opts.decode, model_dir)
     named = opts.model if opts.model and not Path(opts.model).expanduser().exists() else None   # dream:7b
     lm = load_model(model_dir, name=named, force=opts.force, canvas_tokens=PROMPT_ALLOWANCE + cfg.gen_len,
-                    dtype=opts.dtype, device=opts.device, quantize=opts.quantize)
+                    dtype=opts.dtype, device=opts.device, quantize=opts.quantize, device_map=opts.device_map,
+                    max_memory=opts.max_memory)
     trained = lm.model.attention.block
     if trained is not None and cfg.block_len != trained:
         err_console.print(f"note: blocks of {cfg.block_len}, but {model_dir.name} was trained with blocks of "

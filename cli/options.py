@@ -36,9 +36,15 @@ MODEL_FLAGS = {
     "dtype": (Optional[str], typer.Option("--dtype", help="auto | bf16 | fp16 | fp32 | fp64 (auto: bf16 on GPU; on CPU bf16 where faster, AMX or a cached probe, else fp32; `info` says which).")),
     "device": (Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (auto spreads over GPUs with accelerate).")),
     "quantize": (Optional[str], typer.Option("--quantize", help="none | int8 | int4 (CPU kernels) | 8bit | 4bit (bitsandbytes, for GPUs).")),
+    "device_map": (Optional[str], typer.Option("--device-map", help="auto | balanced | sequential: split the model over the GPUs, the CPU and disk with accelerate's planner (docs/guide/placement.md).")),
+    "max_memory": (Optional[str], typer.Option("--max-memory", help="What each device may hold, e.g. 0=20GiB,1=22GiB,cpu=30GiB,disk (disk: offload the rest to a temporary folder); implies --device-map auto.")),
     "force": (Optional[bool], typer.Option("--force", help="Load even when the memory estimate says it will not fit (FASTDLLM_FORCE=1).")),
 }
-MODEL_DEFAULTS = {"dtype": "auto", "device": "auto", "quantize": "none"}  # when neither flag nor env
+# `info` and `recommend` judge this machine, or one described (checkpoints/fit.py `described`)
+ASSUME_GPUS = typer.Option("--assume-gpus", help="Judge for a described machine, not this one: its GPUs, e.g. 2x24GiB, 24GiB,16GiB, none.")
+ASSUME_RAM = typer.Option("--assume-ram", help="The described machine's RAM, e.g. 64GiB (default: this machine's available RAM).")
+MODEL_DEFAULTS = {"dtype": "auto", "device": "auto", "quantize": "none",   # when neither flag nor env
+                  "device_map": "", "max_memory": ""}                     # "": the model whole on --device
 
 
 @dataclass
@@ -50,6 +56,8 @@ class RunOptions:
     quantize: str
     decode: dict[str, Any]          # DecodeConfig overrides from flags (None = not given)
     force: bool = False             # skip the fit verdict (checkpoints/fit.py)
+    device_map: str = ""            # a split over devices (checkpoints/split.py); "": none
+    max_memory: str = ""
 
 
 def generation_options(func):
@@ -92,18 +100,23 @@ def with_options(func, wrapper, flags: dict, drop: str | None = None):
 
 
 def model_placement(**given: str | None) -> dict[str, str]:
-    """dtype / device / quantize: the flag, else FASTDLLM_DTYPE etc., else the default; an unknown
-    value is a usage error naming where it came from."""
+    """dtype / device / quantize / device_map / max_memory: the flag, else FASTDLLM_DTYPE etc., else
+    the default; an unknown value is a usage error naming where it came from."""
     from fastdllm.checkpoints.placement import placement_error
+    from fastdllm.checkpoints.split import split_of
 
     chosen = {}
     for key, default in MODEL_DEFAULTS.items():
         env = f"FASTDLLM_{key.upper()}"
         source, value = (f"--{key}", given[key]) if given.get(key) else (env, os.environ.get(env) or default)
-        if problem := placement_error(key, value):
+        if key in PLACEMENT_KEYS and (problem := placement_error(key, value)):
             raise UsageError(f"{source}: {problem}")
         chosen[key] = value
+    split_of(chosen["device"], chosen["device_map"], chosen["max_memory"])    # a usage error, one line
     return chosen
+
+
+PLACEMENT_KEYS = ("dtype", "device", "quantize")      # the split's two flags are checked together (split.py)
 
 
 def forced(flag: bool | None) -> bool:

@@ -42,6 +42,9 @@ def join(processes: int | None, placement: dict):
     world = distributed.from_env()
     if processes is not None and processes != world.size:
         raise UsageError(f"--num-processes {processes}, but the launcher started {world.size} processes")
+    if world.size > 1 and (placement.get("device_map") or placement.get("max_memory")):
+        raise UsageError("--device-map / --max-memory split one model over this machine's devices; each of "
+                         "--num-processes' processes holds a whole model on its own device: give one or the other")
     if world.size > 1:
         err_console.quiet = not world.first
         placement["device"] = world.device(placement["device"])

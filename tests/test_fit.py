@@ -45,8 +45,9 @@ def test_a_cpu_is_offered_bf16_then_its_int8_and_int4_kernels():
 
 
 def test_the_estimate_of_a_checkpoint_is_read_from_its_headers():
-    totals, packed = fit.estimate(resolve_model_dir(None), 384)
+    totals, packed, cache, layers = fit.estimate(resolve_model_dir(None), 384)
     assert not packed and totals["fp32"] == 2 * totals["bf16"] > totals["int8"] > 0
+    assert 0 < cache < totals["bf16"] and layers > 0
 
 
 @pytest.fixture

@@ -8,7 +8,10 @@ checkpoint directory is ever executed. Special ids come from the checkpoint, nev
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from .placement import (
     torch_placement,
 )
 from .specials import load_tokenizer, special_tokens
+from .split import note, plan, refuse_split, split_of, summary
 from .thinking import thought_markers, thought_prefill, without_thought
 
 
@@ -96,9 +100,9 @@ class LoadedModel:
 
 
 def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantize: str = "none",
-         pack_weights: bool = True) -> LoadedModel:
+         device_map: str | None = None, max_memory: str | None = None, pack_weights: bool = True) -> LoadedModel:
     """`pack_weights=False` keeps plain weight layouts on CPU (the packed ones give identical
-    results; tests compare the two)."""
+    results; tests compare the two). `device_map` / `max_memory`: a split over devices (split.py)."""
     start = time.perf_counter()
     for key, value in {"dtype": dtype, "device": device, "quantize": quantize}.items():
         if problem := placement_error(key, value):
@@ -112,6 +116,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     else:                             # a Q4_0 / Q4_K file on a CPU: int4 unless asked otherwise (gguf_int4.py)
         quantize, kept_note = default_quantize(gguf, quantize, device, dtype)
     tokenizer = load_tokenizer(path)
+    split = split_of(device, device_map, max_memory)
     torch_dtype, device_map, dtype_choice = torch_placement(dtype, device, quantize)
     cpu_quant = quantize in CPU_FORMATS
     if cpu_quant and hasattr(model_cls, "packed_experts"):
@@ -120,6 +125,11 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     # our modules compute attention themselves: a config's attn_implementation (SDAR's published
     # configs name flex_attention) is not transformers' business here
     kwargs = {"dtype": torch_dtype, "device_map": device_map, "attn_implementation": "eager"}
+    if split is not None:              # accelerate's plan, checked before any weight is read
+        if gguf is not None:
+            raise UserError("--device-map / --max-memory: a GGUF file loads whole on one device (--device)")
+        kwargs["device_map"] = plan(model_cls, config, torch_dtype, split)
+        refuse_split(kwargs["device_map"], quantize, CPU_FORMATS)
     if quantize in ("8bit", "4bit"):
         kwargs["quantization_config"] = quantization_config(quantize, torch_dtype,
                                                             skip=getattr(model_cls, "quantize_skip", None))
@@ -134,8 +144,12 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
             kwargs["state_dict"], codes = state_dict_kept(Path(gguf["file"]), raw, torch_dtype, kernel_for)
         elif gguf is not None:
             kwargs["state_dict"] = gguf_state_dict(Path(gguf["file"]), raw, torch_dtype)
+        if split is not None and "disk" in kwargs["device_map"].values():
+            kwargs["offload_folder"] = tempfile.mkdtemp(prefix="fastdllm-offload-")
         model, report = model_cls.from_pretrained(None if gguf else path, config=config, output_loading_info=True,
                                                   **kwargs)
+        if "offload_folder" in kwargs:          # the layers on disk read it as long as the model lives
+            weakref.finalize(model, shutil.rmtree, kwargs["offload_folder"], ignore_errors=True)
         model_cls.check_loaded(report)
         if kept:
             placed = place_kept(model, kwargs.pop("state_dict"), codes, torch_dtype)
@@ -150,6 +164,8 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         elif quantize != "none":
             model.is_quantized = True                   # decode/graphs.py: no CUDA graphs
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
+        if "offload_folder" in kwargs:
+            shutil.rmtree(kwargs["offload_folder"], ignore_errors=True)
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e
     specials = special_tokens(raw, tokenizer, path, model_cls)
     loaded = LoadedModel(model, tokenizer, path, raw["model_type"], specials, config.max_position_embeddings,
@@ -159,6 +175,9 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     loaded.info = describe(loaded)
     if dtype_choice:
         loaded.info["dtype_choice"] = dtype_choice        # what --dtype auto picked, and why
+    if split is not None:
+        loaded.info["device_map"] = summary(kwargs["device_map"])     # device -> how many parts
+        loaded.notes += [line] if (line := note(kwargs["device_map"])) else []
     if gguf is not None:
         loaded.info.update(path=gguf["file"], gguf=gguf["dtype_on_disk"])
         if kept:
