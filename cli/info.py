@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -11,6 +12,7 @@ from fastdllm import host_memory
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.errors import UsageError
 
+from .options import ASSUME_GPUS, ASSUME_RAM
 from .terminal import err_console, out_console, print_columns
 from .user_errors import user_errors
 
@@ -22,8 +24,12 @@ def info(
     gen_len: Annotated[int, typer.Option("--gen-len", "-n", help="Canvas tokens to generate, for the cache estimate.")] = 256,
     prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens, for the cache estimate.")] = 128,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    assume_gpus: Annotated[Optional[str], ASSUME_GPUS] = None,
+    assume_ram: Annotated[Optional[str], ASSUME_RAM] = None,
 ):
-    """Family, size, dtype on disk, context, special ids, chat template, memory estimates."""
+    """Family, size, dtype on disk, context, special ids, chat template, memory estimates, and where
+    it fits here (or on a described machine): whole, spread over GPUs, or split with the CPU and disk."""
+    from fastdllm.checkpoints import fit
     from fastdllm.checkpoints.info import inspect_checkpoint, memory_estimate
     from fastdllm.checkpoints.cpu_dtype import auto_choice
     from fastdllm.models.cpu import bf16_note, this_cpu
@@ -36,8 +42,15 @@ def info(
     choice = auto_choice()
     machine = dict(this_cpu(), auto_dtype=choice.dtype, auto_dtype_reason=choice.reason,    # what --dtype auto loads here
                    malloc=host_memory.state)
+    judged = fit.described(assume_gpus, assume_ram)
+    key = "bf16" if judged.kind == "gpu" else choice.dtype                # what --dtype auto loads there
+    placement = fit.verdict(Path(details["path"]).name, fit.with_float_widths(memory), key, judged,
+                            details["packed_experts"], memory["bf16"]["cache"], details["layers"])
     if json_out:
-        out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine)))
+        where = {"where": judged.label, "gpus_free_bytes": list(judged.gpus), "ram_free_bytes": judged.ram,
+                 "dtype": key, "verdict": placement}
+        out_console.print_json(json.dumps(dict(details, memory=memory, canvas_tokens=prompt_len + gen_len, cpu=machine,
+                                               placement=where)))
         return
     rows = [("path", details["path"]), ("family", f"{details['family']} ({', '.join(details['architectures'])})"),
             *([("variant", details["variant"])] if details["variant"] else []),
@@ -55,6 +68,7 @@ def info(
     for name, est in memory.items():
         rows.append((f"memory {name}", f"{human_bytes(est['total'])} = weights {human_bytes(est['weights'])} "
                                        f"+ cache {human_bytes(est['cache'])} ({prompt_len}+{gen_len} tokens)"))
+    rows.append(("placement", placement))
     rows.append(("this CPU", f"{machine['capability']}, {bf16_note()}"))
     rows.append(("--dtype auto on CPU", choice.reason))
     rows.append(("malloc", host_memory.state or "as it is (not started by the CLI)"))

@@ -11,6 +11,7 @@ import typer
 
 from fastdllm.errors import UserError
 
+from .options import ASSUME_GPUS, ASSUME_RAM
 from .terminal import err_console, out_console, print_columns
 from .user_errors import user_errors
 
@@ -175,18 +176,29 @@ def recommend(
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N: where it would run.")] = "auto",
     all_: Annotated[bool, typer.Option("--all", help="Also the entries that do not fit.")] = False,
     json_out: Annotated[bool, JSON_OUT] = False,
+    assume_gpus: Annotated[Optional[str], ASSUME_GPUS] = None,
+    assume_ram: Annotated[Optional[str], ASSUME_RAM] = None,
 ):
-    """The catalog entries that fit this machine, each in the best form that fits, with its settings."""
+    """The catalog entries that fit this machine (or a described one), each in the best form that
+    fits whole, else split over its GPUs, CPU and disk, with its settings."""
     from fastdllm.checkpoints import catalog, fit
 
-    machine = fit.this_machine(device)
-    rows, found, packed = [], [], []
+    machine = fit.described(assume_gpus, assume_ram, device)
+    rows, found, packed, splits = [], [], [], []
     for entry in catalog.entries().values():
         fits, (label, flags, gib) = verdict(entry, machine)
+        split = None
+        if fits is False and (split := split_of(entry, machine, "bf16")):    # no form fits whole: bf16, split
+            fits, (label, flags, gib) = True, ("bf16", split.flags, entry.memory_gib("bf16"))
+        elif fits and len(machine.gpus) > 1:                                # held by several GPUs together?
+            split = split_of(entry, machine, label, ram=False)
+        if split:
+            splits.append(f"{entry.name}: {split.line()}")
         if not fits and not all_:
             continue
         found.append({"name": entry.name, "fits": fits, "form": label, "flags": flags, "memory_gib": gib,
-                      "profile": entry.profile, "parameters": entry.parameters})
+                      "profile": entry.profile, "parameters": entry.parameters,
+                      **({"split": split.line()} if split else {})})
         if machine.kind == "cpu" and entry.family in PACKED_EXPERTS:
             packed.append(entry.name)
         run_with = flags if fits else "does not fit" if fits is False else "size unknown"
@@ -199,6 +211,8 @@ def recommend(
     if not rows:
         raise UserError(f"no catalog model fits in {fit.gib(machine.free_bytes)}; `fastdllm recommend --all` lists their needs")
     print_columns(rows, header=("NAME", "PARAMETERS", "RUN WITH", "MEMORY", "PROFILE"))
+    for line in splits:
+        err_console.print(f"split: {line}")
     if packed:
         err_console.print(f"note: {', '.join(packed)}: bf16 only on a CPU (the int8/int4 kernels do not quantize "
                           f"packed experts); the 8bit/4bit sizes of `fastdllm show` are for a GPU")
@@ -253,6 +267,17 @@ def verdict(entry, machine) -> tuple[bool | None, tuple[str | None, str | None, 
         if machine.fits(int(gib * fit.GIB)):
             return True, (label, flags, gib)
     return (False, (known[-1][0], None, known[-1][2])) if known else (None, (None, None, None))
+
+
+def split_of(entry, machine, form: str, ram: bool = True):
+    """The split (fit_split.Proposal) that holds the entry in `form` (bf16, 8bit, 4bit) here, or None
+    (one device holds it, its size is unknown, or no split holds it). The catalog's memory holds a
+    384-token cache; its layers are not known: 32 parts of equal size stand for them."""
+    from fastdllm.checkpoints import fit
+
+    if form not in ("bf16", "8bit", "4bit") or not entry.memory_gib(form):
+        return None
+    return fit.split_for({form: int(entry.memory_gib(form) * fit.GIB)}, form, machine, 0, 32, ram=ram)
 
 
 def ago(seconds_since_epoch: float) -> str:

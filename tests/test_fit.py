@@ -3,6 +3,8 @@ line naming the form that would, before any weight is read; --force loads anyway
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -10,6 +12,7 @@ from fastdllm.checkpoints.builtin import builtin_model_path
 from fastdllm.cli.app import app
 from fastdllm.checkpoints import catalog, fit
 from fastdllm.checkpoints.locate import resolve_model_dir
+from fastdllm.errors import UsageError
 
 GIB = 2**30
 DREAM = catalog.entries()["dream:7b"]
@@ -74,3 +77,84 @@ def test_fastdllm_force_is_the_same_as_the_flag(small_machine, monkeypatch):
     monkeypatch.setattr(loading, "load", lambda *a, **k: (_ for _ in ()).throw(SystemExit(3)))
     monkeypatch.setenv("FASTDLLM_FORCE", "1")
     assert CliRunner().invoke(app, ["generate", "hi", "-n", "32"]).exit_code == 3
+
+
+# --- the split the verdict proposes (checkpoints/fit_split.py), on described machines -----------
+
+CACHE = int(0.05 * GIB)           # dream:7b's 384-token canvas cache, about
+
+
+def test_a_described_machine_is_what_the_flags_say():
+    two = fit.described("2x24GiB", "64GiB")
+    assert (two.kind, two.gpus, two.ram, two.label) == ("gpu", (24 * GIB, 24 * GIB), 64 * GIB, "2x 24.0 GiB GPUs")
+    assert fit.described("24GiB,16GiB", "8GB").gpus == (24 * GIB, 16 * GIB)
+    cpu = fit.described("none", "16GiB")
+    assert (cpu.kind, cpu.gpus, cpu.free_bytes) == ("cpu", (), 16 * GIB)
+    with pytest.raises(UsageError, match="--assume-gpus: 'twox24gb' \\(expected COUNTxSIZE"):
+        fit.described("twox24GB", None)
+
+
+def test_two_gpus_hold_what_one_cannot_and_say_how_much_each():
+    two = fit.described("2x12GiB", "64GiB")
+    assert fit.refusal("dream:7b", TOTALS, "bf16", two, cache=CACHE, layers=28) is None
+    line = fit.verdict("dream:7b", TOTALS, "bf16", two, cache=CACHE, layers=28)
+    assert line.startswith("fits at bf16 over 2 GPUs: ") and line.endswith(" GiB (--device-map balanced)")
+    shares = [float(x) for x in line.split(": ")[1].split(" GiB")[0].split(" + ")]
+    assert abs(sum(shares) - 14.2) < 0.2 and all(s < 11 for s in shares)
+
+
+def test_one_gpu_too_small_is_told_the_quantization_and_the_gpu_plus_cpu_split():
+    line = fit.refusal("dream:7b", TOTALS, "bf16", fit.described("1x12GiB", "64GiB"), cache=CACHE, layers=28)
+    assert "try --quantize 8bit (8.1 GiB), or split it: GPU " in line
+    assert " crosses per step (--max-memory 0=" in line and ",cpu=63.0GiB), or --force" in line
+    # too little RAM as well: the rest goes to disk
+    tight = fit.refusal("dream:7b", TOTALS, "bf16", fit.described("1x8GiB", "4GiB"), cache=CACHE, layers=28)
+    assert "+ disk " in tight and "of it read from disk" in tight and ",cpu=3.0GiB,disk)" in tight
+
+
+def test_a_cpu_without_the_ram_is_told_the_disk_split():
+    line = fit.refusal("dream:7b", TOTALS, "fp32", fit.described("none", "8GiB"), cache=CACHE, layers=28)
+    assert ": split it: CPU " in line and "read from disk per step (--max-memory cpu=" in line
+
+
+def test_the_proposed_flags_are_valid_flags():
+    from fastdllm.checkpoints.split import split_of
+
+    for gpus, ram, key in (("1x12GiB", "64GiB", "bf16"), ("1x8GiB", "4GiB", "bf16"), ("none", "8GiB", "fp32")):
+        line = fit.refusal("dream:7b", TOTALS, key, fit.described(gpus, ram), cache=CACHE, layers=28)
+        memory = line.split("(--max-memory ")[1].split(")")[0]
+        assert split_of("auto", None, memory).budgets
+
+
+def test_the_proposal_loads_and_decodes_as_the_whole_model(tmp_path):
+    """The built-in model on a described CPU with 16 MiB past the headroom: the refusal proposes
+    a disk split; its flags load the model split (accelerate's plan), and it decodes the same."""
+    from fastdllm.checkpoints import loading
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.engine import run
+
+    path = resolve_model_dir(None)
+    line = fit.check(path, "tiny", dtype="fp32", device="cpu", quantize="none", canvas_tokens=64,
+                     machine=fit.described("none", f"{1024 + 16}MiB"))
+    assert "split it: CPU " in line and "read from disk per step" in line
+    memory = line.split("(--max-memory ")[1].split(")")[0]
+    split = loading.load(path, dtype="fp32", device="cpu", max_memory=memory)
+    assert "disk" in split.model.hf_device_map.values()
+    whole = loading.load(path, dtype="fp32", device="cpu")
+    cfg = DecodeConfig(gen_len=16, block_len=8, rule="threshold", threshold=0.9)
+    prompt = [whole.encode("def add(a, b):", chat=False)]
+    assert run(split.decoder, prompt, cfg).ids == run(whole.decoder, prompt, cfg).ids
+
+
+def test_info_and_recommend_judge_a_described_machine():
+    out = CliRunner().invoke(app, ["info", "--assume-gpus", "none", "--assume-ram", f"{1024 + 24}MiB"])
+    assert out.exit_code == 0, out.output
+    row = next(line for line in out.output.splitlines() if line.startswith("placement"))
+    assert "split it: CPU " in row and "--max-memory cpu=" in row
+    found = CliRunner().invoke(app, ["recommend", "--json", "--assume-gpus", "2x12GiB", "--assume-ram", "64GiB"])
+    models = {m["name"]: m for m in json.loads(found.stdout)["models"]}
+    assert models["llada:8b-instruct"]["split"].startswith("2 GPUs: ")
+    assert models["llada:8b-instruct"]["flags"] == "--dtype bf16"
+    cpu = CliRunner().invoke(app, ["recommend", "--json", "--assume-gpus", "none", "--assume-ram", "16GiB"])
+    rnd1 = {m["name"]: m for m in json.loads(cpu.stdout)["models"]}["rnd1:30b-a3b"]
+    assert rnd1["fits"] and rnd1["flags"].startswith("--max-memory cpu=") and "disk" in rnd1["split"]
