@@ -20,7 +20,7 @@ from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 
 from one_line import one_line_refusal
-from test_gguf import add_tensor as add, folder_weights, round_tripped
+from gguf_writer import add_tensor as add, folder_weights, round_tripped
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")

@@ -18,7 +18,8 @@ from fastdllm.models.cpu_int4 import Int4Linear, dequantize_int4, quantize_int4
 from fastdllm.models.cpu_quant import Int8Linear, quantize_int8
 
 from conftest import VARIED
-from test_gguf import CFG, converter_permute, folder_weights, write_gguf
+from gguf_writer import converter_permute, folder_weights, write_gguf
+from test_gguf import CFG
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -171,7 +172,7 @@ def test_q4_0_file_decodes_as_fastdllms_int4_of_the_round_tripped_folder(wide, f
     package's quantize -> dequantize under --quantize int4; the same tokens and NFE."""
     from fastdllm.decode.engine import run
 
-    from test_gguf import round_tripped
+    from gguf_writer import round_tripped
 
     lm = loading.load(resolve_model_dir(str(files["Q4_0"])), dtype="fp32", quantize="int4")
     twin = loading.load(round_tripped(wide, tmp_path / "rt", "Q4_0"), dtype="fp32", quantize="int4")

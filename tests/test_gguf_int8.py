@@ -14,7 +14,7 @@ from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.models.cpu_quant import Int8Linear, quantize_int8
 
-from test_gguf import converter_permute, folder_weights, write_gguf
+from gguf_writer import converter_permute, folder_weights, write_gguf
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -65,7 +65,7 @@ def test_int8_from_the_file_is_as_close_to_q8_0_as_int8_through_bf16(llada_dir, 
     """Reference: the Q8_0 weights dequantized, fp32. The old route (a folder of those weights loaded
     in bf16, then --quantize int8) rounds twice, the file's route once; its logits are as close (within 5%: measured 0.054 vs
     0.053 relative rms on the tiny model, bf16 compute and int8 activations dominate both)."""
-    from test_gguf import round_tripped
+    from gguf_writer import round_tripped
 
     ref = loading.load(resolve_model_dir(str(q8_file)), dtype="fp32")
     lm = loading.load(resolve_model_dir(str(q8_file)), dtype="bf16", quantize="int8")

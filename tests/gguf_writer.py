@@ -1,0 +1,143 @@
+"""A GGUF writer for tests: a tiny checkpoint folder written as llama.cpp's converter writes it
+(metadata keys, tensor names, q/k rows permuted, --outtype F32 / F16 / BF16 / Q8_0), and the same
+folder through the gguf package's quantize -> dequantize. Used by tests/test_gguf*.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+np = pytest.importorskip("numpy")
+
+
+# --- the writer: llama.cpp's convert_hf_to_gguf.py (conversion/llada.py, base.py) as docs/gguf.md says ---
+
+def converter_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Per head, rows in halves (i, i + hd/2) -> interleaved pairs (2i, 2i+1): llama.cpp's rope order."""
+    hd = w.shape[0] // n_heads
+    out = np.empty_like(w)
+    for h in range(n_heads):
+        head = w[h * hd:(h + 1) * hd]
+        out[h * hd:(h + 1) * hd][0::2] = head[:hd // 2]
+        out[h * hd:(h + 1) * hd][1::2] = head[hd // 2:]
+    return out
+
+
+GGUF_NAMES = {"model.transformer.wte.weight": "token_embd.weight", "model.transformer.ln_f.weight": "output_norm.weight",
+              "model.transformer.ff_out.weight": "output.weight"}
+BLOCK_NAMES = {"attn_norm": "attn_norm", "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v",
+               "attn_out": "attn_output", "ff_norm": "ffn_norm", "ff_proj": "ffn_gate", "up_proj": "ffn_up",
+               "ff_out": "ffn_down"}
+
+
+def folder_weights(src: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    return weights
+
+
+def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", *, skip_keys=(),
+               extra_tensor: tuple[str, str] | None = None, hook=None) -> Path:
+    """`outtype`: F32, BF16, Q8_0, ... for the 2-D weights, or a function of the GGUF name giving each
+    one's type (llama-quantize's mixes); norms stay F32 (the converter's rule)."""
+    config = json.loads((src / "config.json").read_text())
+    tok_config = json.loads((src / "tokenizer_config.json").read_text())
+    tok_json = json.loads((src / "tokenizer.json").read_text())
+    w = gguf.GGUFWriter(out, arch)
+    hd = config["d_model"] // config["n_heads"]
+    keys = [("block_count", w.add_block_count, config["n_layers"]),
+            ("context_length", w.add_context_length, config["max_sequence_length"]),
+            ("embedding_length", w.add_embedding_length, config["d_model"]),
+            ("feed_forward_length", w.add_feed_forward_length, config["mlp_hidden_size"]),
+            ("attention.head_count", w.add_head_count, config["n_heads"]),
+            ("attention.head_count_kv", w.add_head_count_kv, config["n_kv_heads"]),
+            ("rope.freq_base", w.add_rope_freq_base, config["rope_theta"]),
+            ("attention.layer_norm_rms_epsilon", w.add_layer_norm_rms_eps, config["rms_norm_eps"]),
+            ("vocab_size", w.add_vocab_size, config["vocab_size"]),
+            ("rope.dimension_count", w.add_rope_dimension_count, hd),
+            ("tokenizer.ggml.mask_token_id", w.add_mask_token_id, config["mask_token_id"])]
+    for key, add, value in keys:
+        if key not in skip_keys:
+            add(value)
+    w.add_causal_attention(False)
+    w.add_diffusion_shift_logits(False)
+    file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0"}
+    w.add_file_type(gguf.LlamaFileType[file_types.get(outtype if isinstance(outtype, str) else "", "ALL_F32")])
+    # the vocabulary (_set_vocab_gpt2): every id below vocab_size, added special tokens as CONTROL
+    vocab = tok_json["model"]["vocab"]
+    added = {t["content"]: t["id"] for t in tok_json["added_tokens"]}
+    by_id = {i: t for t, i in {**vocab, **added}.items()}
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(config["vocab_size"])]
+    types = [gguf.TokenType.CONTROL if t in added else gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED
+             for i, t in enumerate(tokens)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    if "tokenizer.ggml.tokens" not in skip_keys:
+        w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
+    w.add_bos_token_id(added[tok_config["bos_token"]])
+    w.add_eos_token_id(added[tok_config["eos_token"]])
+    w.add_pad_token_id(added[tok_config["pad_token"]])
+    w.add_add_bos_token(True)
+    w.add_chat_template(tok_config["chat_template"])
+    for name, tensor in folder_weights(src).items():
+        data = tensor.float().numpy()
+        if m := re.fullmatch(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.weight", name):
+            new = f"blk.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}.weight"
+            if m.group(2) in ("q_proj", "k_proj"):
+                data = converter_permute(data, config["n_heads" if m.group(2) == "q_proj" else "n_kv_heads"])
+        else:
+            new = GGUF_NAMES[name]
+        kind = outtype(new) if callable(outtype) else outtype          # a mix (Q4_K_M): a type per tensor
+        add_tensor(w, new, data, "F32" if data.ndim == 1 or new.endswith("_norm.weight") else kind)
+    if extra_tensor:
+        extra(w, *extra_tensor)
+    if hook:
+        hook(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def add_tensor(w, name: str, data: np.ndarray, qtype: str) -> None:
+    """The gguf package's quantizer; for the k-quants, which it only reads, checkpoints/gguf_kquants.py."""
+    from fastdllm.checkpoints.gguf_kquants import quantize_kquant
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    raw = (data.astype(np.float32) if qtype == "F32" else quantize_kquant(data, qtype) if qtype.endswith("_K")
+           else gguf.quants.quantize(data, kind))
+    w.add_tensor(name, raw, raw_dtype=kind)
+
+
+def extra(w, name: str, qtype: str) -> None:
+    """A tensor the converter would not write for LLaDA: 256 zeros (one k-quant block) of `qtype`."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    w.add_tensor(name, np.zeros((1, 256 // block * size), np.uint8) if qtype != "F32" else np.zeros(256, np.float32),
+                 raw_dtype=kind)
+
+
+def round_tripped(src: Path, out: Path, qtype: str) -> Path:
+    """The folder with its 2-D weights through the gguf package's quantize -> dequantize (fp32 on disk)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, out)
+    kind = gguf.GGMLQuantizationType[qtype]
+    for shard in sorted(out.glob("*.safetensors")):
+        weights = {n: (torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(t.float().numpy(), kind), kind))
+                       if t.ndim == 2 else t.float()) for n, t in load_file(shard).items()}
+        save_file(weights, shard, metadata={"format": "pt"})
+    return out
