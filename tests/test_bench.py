@@ -276,8 +276,9 @@ def test_cli_quantized_rows_agree_with_the_same_row_unquantized(llada_dir, monke
     r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--n-prompts", "2",
                "--raw", "--warmup", "0", "-r", "1", "--quantize", "8bit", "--dtype", "fp32", "-o", "jsonl")
     assert r.exit_code == 0, r.stderr
-    assert loads == [{"dtype": "fp32", "device": "auto", "quantize": "8bit"},     # timed: the quantized model
-                     {"dtype": "fp32", "device": "auto", "quantize": "none"}]     # then the reference
+    one_device = {"device_map": "", "max_memory": ""}
+    assert loads == [{"dtype": "fp32", "device": "auto", "quantize": "8bit", **one_device},  # timed: quantized
+                     {"dtype": "fp32", "device": "auto", "quantize": "none", **one_device}]  # then the reference
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["config"] for x in rows] == ["baseline", "dual+parallel"] and rows[0]["quantize"] == "8bit"
     for x in rows:
