@@ -28,7 +28,7 @@ from .terminal import err_console
 
 # every family of the catalog (tests/test_help.py keeps this list whole)
 FAMILIES = ("LLaDA, LLaDA-MoE, LLaDA2.x, Dream, DiffuCoder, SDAR, TraDo, Fast-dLLM v2, RND1, DiffusionGemma, "
-            "Nemotron-Labs Diffusion")
+            "Nemotron-Labs Diffusion, Steerling")
 
 app = typer.Typer(
     name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
