@@ -24,29 +24,34 @@ from fastdllm.models import LLaDAModelLM
 from fastdllm.training import mixture
 
 
-def copied_positions(tok, question: str, answer_ids: list[int]) -> list[int]:
+def copied_positions(decode, question: str, answer_ids: list[int]) -> list[int]:
     """Answer positions whose token is one of the question's words or one of its numbers' digits."""
     words = set(re.findall(r"[A-Za-z]+", question)) - {"How", "What", "If", "The", "Each", "In"}
     digits = set("".join(re.findall(r"\d+", question)))
     keep = []
     for k, t in enumerate(answer_ids):
-        piece = tok.decode([t]).strip()
+        piece = decode([t]).strip()
         if piece and (piece in words or (piece.isdigit() and piece in digits)):
             keep.append(k)
     return keep
 
 
 def probe(model_dir: str, problems: int) -> dict[str, float]:
-    model = LLaDAModelLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     from transformers import AutoTokenizer
+    model = LLaDAModelLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
+    return probe_model(model, lambda text: tok(text, add_special_tokens=False)["input_ids"], tok.decode, problems)
+
+
+def probe_model(model, encode, decode, problems: int) -> dict[str, float]:
+    """The probe on a model in memory; encode(text) -> ids without special tokens, decode(ids) -> text."""
     mask, eos = model.config.mask_token_id, model.config.eos_token_id
     data = Path(tasks_init).parent / "tiny_gsm.jsonl"
     hits = {"all": [0, 0], "copied": [0, 0]}
     for line in data.read_text().splitlines()[:problems]:
         doc = json.loads(line)
-        prompt = tok(mixture.gsm_prompt(doc["question"]), add_special_tokens=False)["input_ids"]
-        answer = tok(" " + doc["answer"], add_special_tokens=False)["input_ids"]
+        prompt = encode(mixture.gsm_prompt(doc["question"]))
+        answer = encode(" " + doc["answer"])
         row = prompt + answer + [eos] * 8
         rows = torch.tensor([row] * len(answer))
         for k in range(len(answer)):
@@ -54,7 +59,7 @@ def probe(model_dir: str, problems: int) -> dict[str, float]:
         with torch.no_grad():
             guess = model(rows).logits[torch.arange(len(answer)), len(prompt) + torch.arange(len(answer))].argmax(-1)
         right = (guess == torch.tensor(answer)).tolist()
-        copied = copied_positions(tok, doc["question"], answer)
+        copied = copied_positions(decode, doc["question"], answer)
         hits["all"][0] += sum(right)
         hits["all"][1] += len(right)
         hits["copied"][0] += sum(right[k] for k in copied)

@@ -13,9 +13,11 @@ A few classic functions (fibonacci, factorial, ...) are training-only, with and 
 from __future__ import annotations
 
 import hashlib
+import keyword
 import random
 
-from .word_problems import distinct_draws
+from . import word_problems
+from .word_problems import distinct_draws, novel_word
 
 # name part, docstring phrase, condition (x is the element, {k} a small constant)
 FILTERS = {
@@ -61,6 +63,20 @@ VERBS = {"train": ["Return", "Find and return", "Give back", "Work out and retur
          "heldout": ["Compute and return"]}
 
 
+BODY_NAMES = {"total", "count", "result", "best", "x", "c"}
+
+
+def parameter(rng: random.Random, split: str, options: dict[str, list[str]]) -> str:
+    """The parameter's name; in training often a made-up word (word_problems.NOVEL_SHARE says why),
+    so that a body can only be right by copying it from the signature. Held-out draws are unchanged."""
+    if split == "train" and rng.random() < word_problems.NOVEL_SHARE:
+        while True:
+            name = novel_word(rng)
+            if name not in BODY_NAMES and not keyword.iskeyword(name) and name not in options["heldout"]:
+                return name
+    return rng.choice(options[split])
+
+
 def _split_of(combo: tuple) -> str:
     """A fixed fifth of the combinations is held out (by a hash, stable across runs and Pythons)."""
     digest = hashlib.sha256(repr(combo).encode()).digest()
@@ -76,7 +92,7 @@ def _list_task(rng, split) -> dict | None:
     k = rng.randint(2, 9)
     f_name, f_doc, cond = (part.format(k=k) for part in FILTERS[filt])
     m_name, m_doc, expr = (part.format(k=k) for part in MAPS[mapping])
-    p = rng.choice(LIST_PARAMS[split])
+    p = parameter(rng, split, LIST_PARAMS)
     verb = rng.choice(VERBS[split])
     what = f"{m_doc}{f_doc} in {p}"
     doc, name, init, update, result = {
@@ -108,7 +124,7 @@ def _string_task(rng, split) -> dict | None:
     if _split_of((klass, op)) != split:
         return None
     phrase, cond = CHAR_CLASSES[klass]
-    p = rng.choice(STRING_PARAMS[split])
+    p = parameter(rng, split, STRING_PARAMS)
     verb = rng.choice(VERBS[split])
     doc, name, body = {
         "count": (f"{verb} how many {phrase} there are in {p}.", f"count_{klass}",

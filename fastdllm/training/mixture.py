@@ -11,7 +11,6 @@ with <|eot_id|> first, as the chat template's turns do.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
 
 import torch
@@ -19,11 +18,12 @@ import torch
 from . import data, function_tasks, tokenizer, word_problems
 
 # Share of each kind of row (sums to 1). "arith": rows of arithmetic facts (word_problems.drill_line)
-# with no prompt; "recall": a prompt's names, things and numbers (recall_texts); "stdlib_window": the
-# stdlib's source with no prompt.
-WEIGHTS = {"gsm_raw": 0.20, "gsm_chat": 0.12, "arith": 0.10, "code_raw": 0.28, "code_chat": 0.08,
-           "stdlib_window": 0.06, "stdlib_function": 0.06, "recall": 0.10}
-PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function", "recall")   # rows of prompt + answer
+# with no prompt; "stdlib_window": the stdlib's source with no prompt. (The third session's "recall"
+# rows, a problem -> its names and numbers, did not move the copy probe and gave way to made-up names:
+# word_problems.NOVEL_SHARE.)
+WEIGHTS = {"gsm_raw": 0.28, "gsm_chat": 0.12, "arith": 0.10, "code_raw": 0.28, "code_chat": 0.10,
+           "stdlib_window": 0.06, "stdlib_function": 0.06}
+PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function")   # rows of prompt + answer
 
 
 def gsm_prompt(question: str) -> str:
@@ -35,23 +35,6 @@ def chat_prompt(user: str) -> str:
     """LLaDA's chat template for one user turn (tokenizer.LLADA_CHAT_TEMPLATE rendered)."""
     return (f"{tokenizer.BOS}{tokenizer.HEADER_START}user{tokenizer.HEADER_END}\n\n{user.strip()}{tokenizer.EOT}"
             f"{tokenizer.HEADER_START}assistant{tokenizer.HEADER_END}\n\n")
-
-
-RECALL_WORDS = set(word_problems.NAMES["train"] + word_problems.ITEMS["train"] + word_problems.CONTAINERS["train"])
-
-
-def recall_texts(rng: random.Random) -> tuple[str, str]:
-    """A row that rewards reading the prompt: a training word problem -> its names, things and
-    numbers in order, or a training function task -> its parameter's name. The worked answers need
-    these copied from the question; a small model that never learns to look them up writes the
-    commonest name and number instead (the second session's checkpoint, docs/builtin-model-training.md)."""
-    if rng.random() < 0.5:
-        question = word_problems.generate(rng, "train")["question"]
-        words = [w for w in re.findall(r"\d+|[A-Za-z]+", question) if w.isdigit() or w in RECALL_WORDS]
-        return f"Question: {question}\nNames, things and numbers:", " " + ", ".join(words)
-    task = function_tasks.generate(rng, "train")
-    parameter = re.match(r"def \w+\((\w+)", task["prompt"]).group(1)
-    return task["prompt"] + "Parameter:", " " + parameter
 
 
 def texts(rng: random.Random, kind: str, stdlib_functions: list[tuple[str, str]]) -> tuple[str, str]:
@@ -71,8 +54,6 @@ def texts(rng: random.Random, kind: str, stdlib_functions: list[tuple[str, str]]
         return chat_prompt(t["prompt"]), t["prompt"] + t["canonical_solution"]
     if kind == "stdlib_function":
         return rng.choice(stdlib_functions)
-    if kind == "recall":
-        return recall_texts(rng)
     raise ValueError(kind)
 
 

@@ -49,28 +49,69 @@ class Numbers:
         return self(lo, hi)
 
 
+# Share of training people and things that are made-up words (novel_word) rather than the fixed
+# lists: with 24 names a small model learns the 24 and writes the commonest one whatever the question
+# says (docs/builtin-model-training.md, third session); with names it cannot have memorised, the only
+# way to get the worked answer right is to copy them from the question, which is what held-out
+# problems need. Held-out draws never take this path (the `tiny-gsm` set stays as published).
+NOVEL_SHARE = 0.6
+# Onsets and vowels cover the letters held-out names use (Yuki, Felix, Tariq, ...), so that every
+# letter piece has been copied somewhere in training, without ever spelling a held-out word.
+SYLLABLES = [c + v for c in ("b c d f g h j k l m n p qu r s t v w x y z br ch cr dr gr kl pr sh st th tr"
+                             .split()) for v in ("a", "e", "i", "o", "u", "y", "ai", "ea", "ou")]
+HELD_OUT_WORDS = {w.lower() for lists in (NAMES, ITEMS, CONTAINERS) for w in lists["heldout"]}
+
+
+def novel_word(rng: random.Random) -> str:
+    """A made-up word of 2-3 syllables ("kamuri", "thyxeal"), never a held-out name or thing."""
+    while True:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))) + rng.choice(["", "", "n", "r", "l", "s", "x", "k", "q"])
+        if word not in HELD_OUT_WORDS and word + "s" not in HELD_OUT_WORDS:
+            return word
+
+
 def pick(rng: random.Random, split: str, options: dict[str, list[str]]) -> str:
+    """A name (NAMES), a thing (ITEMS, plural) or a container for a problem of `split`."""
+    if split == "train" and options is not CONTAINERS and rng.random() < NOVEL_SHARE:
+        word = novel_word(rng)
+        return word.capitalize() if options is NAMES else word + "s"
     return rng.choice(options[split])
+
+
+def two_names(rng: random.Random, split: str) -> tuple[str, str]:
+    """Two different people (held-out draws exactly as the published `tiny-gsm` set was drawn)."""
+    if split != "train":
+        return tuple(rng.sample(NAMES[split], 2))
+    first = pick(rng, split, NAMES)
+    while (second := pick(rng, split, NAMES)) == first:
+        pass
+    return first, second
 
 
 # --- one person, one kind of object, a chain of events --------------------------------------------
 # Each event: its sentences (train / held-out phrasings), and the worked step for it.
 
 EVENTS = {
-    "gain": {"train": ["{P} buys {n} more {X}.", "{P} finds {n} more {X}.", "{P} gets {n} more {X} from a friend."],
+    "gain": {"train": ["{P} buys {n} more {X}.", "{P} finds {n} more {X}.", "{P} gets {n} more {X} from a friend.",
+                       "{P} is given {n} {X}.", "Then {P} collects {n} more {X}.", "A neighbor gives {P} {n} {X}."],
              "heldout": ["Later, {n} extra {X} are added to {P}'s collection."]},
-    "lose": {"train": ["{P} gives {n} {X} to a friend.", "{P} loses {n} {X}.", "{P} uses {n} of the {X}."],
+    "lose": {"train": ["{P} gives {n} {X} to a friend.", "{P} loses {n} {X}.", "{P} uses {n} of the {X}.",
+                       "{P} drops {n} {X}.", "Then {P} sells {n} {X}.", "{n} of {P}'s {X} get lost."],
              "heldout": ["Afterwards, {n} of the {X} break and are thrown away."]},
-    "gain_groups": {"train": ["{P} buys {k} {C} with {m} {X} in each.", "{P} gets {k} {C} of {X}, each with {m} {X}."],
+    "gain_groups": {"train": ["{P} buys {k} {C} with {m} {X} in each.", "{P} gets {k} {C} of {X}, each with {m} {X}.",
+                             "Then {P} opens {k} new {C} that hold {m} {X} each."],
                     "heldout": ["Next, {k} {C} arrive for {P}, and each one contains {m} {X}."]},
-    "lose_groups": {"train": ["{P} gives {m} {X} to each of {k} friends.", "{P} gives {k} friends {m} {X} each."],
+    "lose_groups": {"train": ["{P} gives {m} {X} to each of {k} friends.", "{P} gives {k} friends {m} {X} each.",
+                             "{P} shares out {m} {X} to every one of {k} neighbors."],
                     "heldout": ["{P} hands out {m} {X} apiece to {k} classmates."]},
-    "times": {"train": ["{P} ends up with {k} times as many {X} as before.", "The number of {X} {P} has grows {k} times."],
+    "times": {"train": ["{P} ends up with {k} times as many {X} as before.", "The number of {X} {P} has grows {k} times.",
+                       "Then {P} has {k} times the {X} from before."],
               "heldout": ["By the end of the week, {P}'s pile of {X} is {k} times as big."]},
-    "half": {"train": ["{P} gives away half of the {X}.", "{P} sells half of the {X}."],
+    "half": {"train": ["{P} gives away half of the {X}.", "{P} sells half of the {X}.", "{P} loses half of the {X}."],
              "heldout": ["Exactly half of the {X} go to {P}'s cousin."]},
 }
-QUESTIONS = {"train": ["How many {X} does {P} have now?", "How many {X} does {P} have at the end?"],
+QUESTIONS = {"train": ["How many {X} does {P} have now?", "How many {X} does {P} have at the end?",
+                       "How many {X} are left for {P}?", "How many {X} does {P} end with?"],
              "heldout": ["What is the number of {X} that {P} is left with?"]}
 SHARE = {"train": ["{P} puts all the {X} into {k} equal groups. How many {X} are in each group?",
                    "{P} shares the {X} equally among {k} friends. How many {X} does each friend get?"],
@@ -156,7 +197,7 @@ def change(rng, split):
 
 def more_than(rng, split):
     num = Numbers(rng, split)
-    A, B = rng.sample(NAMES[split], 2)
+    A, B = two_names(rng, split)
     X = pick(rng, split, ITEMS)
     n, d = num.main(5, 99), num(2, 40)
     q = f"{A} has {n} {X}. {B} has {d} more {X} than {A}. How many {X} do they have together?"
@@ -166,7 +207,7 @@ def more_than(rng, split):
 
 def times_as_many(rng, split):
     num = Numbers(rng, split)
-    A, B = rng.sample(NAMES[split], 2)
+    A, B = two_names(rng, split)
     X = pick(rng, split, ITEMS)
     n, k = num.main(3, 99), num(2, 5)
     q = f"{A} has {n} {X}. {B} has {k} times as many {X} as {A}. How many {X} do they have in total?"
@@ -206,7 +247,7 @@ def money_left(rng, split):
 
 def fewer_than(rng, split):
     num = Numbers(rng, split)
-    A, B = rng.sample(NAMES[split], 2)
+    A, B = two_names(rng, split)
     X = pick(rng, split, ITEMS)
     n = num.main(10, 99)
     d = num(2, n - 2)
