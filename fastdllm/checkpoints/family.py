@@ -30,9 +30,15 @@ def family_of(config: dict, path: Path, *, refuse: bool = True):
     """(the family's config built from config.json, its model class, notes for the user); one-line
     errors for an unknown family or a malformed config. A switch fastdllm does not implement is
     refused, or with `refuse=False` (`info`) a note; config keys no list knows are a note."""
-    from ..models import FAMILIES, NOT_YET
+    from ..models import BY_ARCHITECTURE, FAMILIES, NOT_YET
 
     model_type = config.get("model_type")
+    notes = []
+    named = [BY_ARCHITECTURE[a] for a in config.get("architectures") or [] if a in BY_ARCHITECTURE]
+    if named and model_type != named[0]:        # the class name decides (models/__init__.py)
+        notes.append(f"model_type {model_type!r} read as {named[0]!r}, the family of its architecture "
+                     f"{config['architectures'][0]}")
+        config["model_type"] = model_type = named[0]     # callers then read the family's type from config
     if model_type not in FAMILIES:
         known = ", ".join(FAMILIES)
         what = f"{NOT_YET[model_type]} is not supported yet: " if model_type in NOT_YET else "unsupported "
@@ -45,7 +51,6 @@ def family_of(config: dict, path: Path, *, refuse: bool = True):
         raise UserError(f"unsupported architecture {declared} for model_type {model_type!r} (supported: {supported})")
     config_class, model_cls, architectures = found[0]
     name = model_type if len(families) == 1 else f"{model_type} ({architectures[0]})"
-    notes = []
     if refused := refusals(config, config_class, name):
         if refuse:
             raise UserError(refusal_line(refused))

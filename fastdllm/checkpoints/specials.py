@@ -91,6 +91,8 @@ def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> Speci
     -1 for a family whose canvas is noise, not masks (DiffusionGemma: its `<mask>` is an ordinary
     token it may write, and -1 marks the canvas slots not decoded yet)."""
     mask = config.get("mask_token_id") if getattr(model_cls, "uses_mask", True) else -1
+    if (own_mask := getattr(model_cls, "mask_of", None)) is not None:    # a family that checks its own (iLLaDA)
+        mask = own_mask(config, tokenizer)
     if not isinstance(mask, int):
         mask = mask_from_tokenizer(tokenizer, getattr(model_cls, "mask_tokens", ()))
     fallback = getattr(model_cls, "mask_fallback", None)
