@@ -33,7 +33,8 @@ def make_batch_invariant(forward, cfg, valid: torch.Tensor, causal: bool, name: 
 def refuse_unsupported(cfg, causal: bool, name: str) -> None:
     """One line naming what the mode does not cover (each would make a row's forward batch-dependent)."""
     problems = [("block-causal attention", causal), (f"cache {cfg.cache}", cfg.cache not in ("none", "prefix", "dual")),
-                ("dpad_window", bool(cfg.dpad_window)), ("rule klass", cfg.rule == "klass"), ("prophet", cfg.prophet)]
+                ("dpad_window", bool(cfg.dpad_window)), ("rule klass", cfg.rule == "klass"), ("prophet", cfg.prophet),
+                ("variable_length", cfg.variable_length)]
     for what, present in problems:
         if present:
             raise UserError(f"batch_invariant: not implemented with {what} ({name}); "

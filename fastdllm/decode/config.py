@@ -62,6 +62,10 @@ class DecodeConfig:
     transfer_ratio: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0, "help": "cache dllm_cache: between response refreshes, recompute this share of the response, the slots whose value vectors changed most (0: none)"})
     batch_invariant: bool = field(default=False, metadata={"help": "a row's answer does not depend on the other rows of its batch, in any dtype: forwards run row by row on the slots the row has alone, logits at every block position (decode/batch_invariant.py; costs the batched matrix products)"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
+    variable_length: bool = field(default=False, metadata={"help": "iLLaDA's variable-length decoding (the authors' var): the canvas grows one block at a time, so a block's forwards see the prompt and the blocks before it, never masks after it; with early_stop it ends after the block where the answer ends (docs/illada.md 3.2)"})
+    block_steps: int | None = field(default=None, metadata={"min": 1, "help": "steps per block (the authors' steps under variable_length): total steps = block_steps x the number of blocks; not with steps"})
+    end_think_boost: float = field(default=0.0, metadata={"min": 0.0, "help": "iLLaDA's end-of-thinking boost: while the answer holds no </think>, add end_think_boost x progress^end_think_power to the logit of its next token at the block's first masked position (progress: that position's offset over gen_len; 0: off; docs/illada.md 3.4)"})
+    end_think_power: float = field(default=2.0, metadata={"gt": 0.0, "help": "end_think_boost: the power of the progress (the authors' 3, or 1 for HumanEval)"})
     credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators.md 4)"})
     credit_alpha: float = field(default=0.7, metadata={"gt": 0.0, "help": "credit: the weight of log(1 + credit) added to the logits"})
     credit_gamma: float = field(default=0.2, metadata={"min": 0.0, "help": "credit: the power of each step's argmax probability that a masked position's credit gains"})
@@ -83,13 +87,17 @@ class DecodeConfig:
             raise ConfigError(f"gen_len {self.gen_len} is not a multiple of block_len {self.block_len}")
         if self.sub_block_len is not None and self.block_len % self.sub_block_len:
             raise ConfigError(f"block_len {self.block_len} is not a multiple of sub_block_len {self.sub_block_len}")
+        if self.steps is not None and self.block_steps is not None:
+            raise ConfigError(f"steps {self.steps} (in all) and block_steps {self.block_steps} (per block): set one")
         rule = RULES[self.rule]
         if rule.scheduled and self.total_steps % self.num_blocks:
             raise ConfigError(
                 f"steps {self.total_steps} is not divisible by the number of blocks {self.num_blocks} "
                 f"(gen_len {self.gen_len} / block_len {self.block_len})")
         if rule.scheduled and self.total_steps > self.gen_len:
-            raise ConfigError(f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
+            raise ConfigError(f"block_steps {self.block_steps} exceeds block_len {self.block_len} (at most one step per token)"
+                              if self.block_steps else
+                              f"steps {self.total_steps} exceeds gen_len {self.gen_len} (at most one step per token)")
         if rule.whole_canvas and self.block_len != self.gen_len:
             raise ConfigError(f"the {self.rule} rule decodes one global canvas: block_len {self.block_len} must equal "
                               f"gen_len {self.gen_len} (leave block_len unset)")
@@ -124,6 +132,8 @@ class DecodeConfig:
             self._check_dpad(rule)
         if self.block_align == "grid":
             self._check_grid(rule)
+        if self.variable_length:
+            self._check_growing(rule)
         if CACHE_MODES[self.cache].features:
             self._check_features(rule)
         if CACHE_MODES[self.cache].delayed and self.sub_block_len is not None:   # (dpad: _check_dpad)
@@ -149,6 +159,15 @@ class DecodeConfig:
             if on:
                 raise ConfigError(f"block_align grid: not combined with {name} (its canvas counts blocks from the "
                                   f"prompt's end; use block_align prompt)")
+
+    def _check_growing(self, rule) -> None:
+        """variable_length (decode/growing.py): nothing after the current block exists yet."""
+        mode = CACHE_MODES[self.cache]
+        for on, name in ((self.prophet, "prophet"), (self.dpad_window, "dpad"), (self.rule == "klass", "rule klass"),
+                         (rule.renoise, f"rule {self.rule}"), (mode.delayed or mode.features, f"cache {self.cache}")):
+            if on:
+                raise ConfigError(f"variable_length: not combined with {name} (it reads the canvas after the current "
+                                  f"block, which does not exist yet)")
 
     def _check_features(self, rule) -> None:
         """dLLM-Cache (models/feature_cache.py) splits one left-padded canvas at the prompt's end."""
@@ -205,6 +224,8 @@ class DecodeConfig:
 
     @property
     def total_steps(self) -> int:
+        if self.block_steps is not None:
+            return self.block_steps * self.num_blocks
         return self.steps if self.steps is not None else self.gen_len
 
     @property

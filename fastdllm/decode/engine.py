@@ -43,6 +43,7 @@ from .events import (
     reset_peak_memory,
 )
 from .graphs import SpanForward
+from .growing import EndThinkBoost, GrowingCanvas
 from .klass import KlassTrace, refuse as refuse_klass
 from .prophet import Prophet
 from .rules import RULES
@@ -83,6 +84,9 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
         from .steerling import SteerlingBatch
 
         return SteerlingBatch(decoder, prompts, cfg, gen_lens, holes, constraints)
+    if (cfg.variable_length or cfg.end_think_boost) and (sampler != "mask" or cfg.indel):
+        raise UserError(f"variable_length and end_think_boost belong to the mask loop (iLLaDA's decoding); "
+                        f"{decoder.name}'s decoder is another")
     if cfg.top_p != 1.0 or cfg.repetition_penalty != 1.0 or cfg.entropy_sampling:
         raise UserError(f"top_p, repetition_penalty and entropy_sampling belong to Steerling's sampler; "
                         f"{decoder.name} is not a Steerling model")
@@ -155,15 +159,23 @@ class Batch:
         else:
             self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=self.causal,
                                context_length=decoder.context_length, gen_lens=self.gen_lens)
+        if (why := getattr(model, "padded_batch_refusal", None)) and not bool(self.canvas.valid.all()):
+            raise UserError(why)                        # a family decoded one unpadded row at a time (iLLaDA)
         # prophet.py: Prophet's stop test; it writes the answer anchors into the canvas now
         self.prophet = Prophet(cfg, decoder, self.canvas, self.causal, holes is not None) if cfg.prophet else None
         device = decoder.device
         reset_peak_memory(device)
         self.started = time.perf_counter()
         self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len if self.causal else None,
-                                     keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv or bool(cfg.dpad_window))
+                                     keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv
+                                     or bool(cfg.dpad_window or cfg.variable_length))
         # suffix_dropout.py: DPad's kept suffix, laid out in the cache at every block start (spans end at E)
         self.dpad = cfg.dpad_window and SuffixDropout(cfg, self.canvas, self.cache, decoder.name, self.causal, bool(holes))
+        # growing.py: variable_length, nothing after the block (spans and keys end at its end)
+        self.growing = cfg.variable_length and GrowingCanvas(self.canvas, self.cache, decoder.name, self.causal,
+                                                             holes is not None)
+        # growing.py: iLLaDA's end-of-thinking boost, planned on the host canvas before each forward
+        self.boost = EndThinkBoost.of(cfg, decoder, self.canvas.starts) if cfg.end_think_boost else None
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
         if cfg.batch_invariant:                     # batch_invariant.py: each row as it is decoded alone
             make_batch_invariant(self.forward, cfg, self.canvas.valid, self.causal, decoder.name)
@@ -203,7 +215,7 @@ class Batch:
             return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
 
         stopped, fast = False, self.forward.device_step and DeviceStep.applies(cfg, causal) \
-            and not (cfg.credit or cfg.prophet or self.constraint)      # credit, prophet, constraint: host path
+            and not (cfg.credit or cfg.prophet or self.constraint or self.boost)   # these: host path
         if canvas.prefill:                                              # the blocks before the first decoded one
             yield store(0, canvas.prefill, 0)
         for block, (s, e) in enumerate(canvas.blocks):
@@ -212,7 +224,8 @@ class Batch:
                 yield BlockEvent(block, first - canvas.starts[0], e - canvas.starts[0],  # block ends the answer
                                  host[:, first:e].clone(), ended())     # (a consumer that stops at blocks sees it)
                 break
-            end = self.dpad.block(s, e) if self.dpad else T            # DPad: spans end at its E
+            end = (self.dpad.block(s, e) if self.dpad else               # DPad: spans end at its E;
+                   self.growing.block(s, e) if self.growing else T)       # variable_length: at e
             counted = torch.full((B,), cfg.block_len) if causal else (host[:, s:e] == specials.mask).sum(1)
             schedule = block_schedule(counted, cfg)
             on_device = DeviceStep(self.forward, cfg, s, e, specials.mask, banned, generator) if fast else None
@@ -236,10 +249,11 @@ class Batch:
                     scheduled = schedule[:, min(step, cfg.steps_per_block - 1)]
                     editable = rows.editable(host, s, e, canvas.starts, canvas.ends, specials.mask)
                     check = self.prophet and self.prophet.check(host, span, block, step, self.nfe + 1)
+                    bonus = self.boost and self.boost.plan(host, s, e)
                     with torch.inference_mode():
                         positions, tokens, conf, chosen, edited = decode_step(
                             self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
-                            self.credit, check, self.constraint, self.klass)
+                            self.credit, check, self.constraint, self.klass, bonus)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
                 host.scatter_(1, positions, torch.where(wrote, tokens, host.gather(1, positions)))
                 rows.end(wrote, edited)

@@ -10,6 +10,9 @@ _LLADA2 = ("llada2", lambda c, g: {       # H1's generate: blocks of 32, > 0.95,
     "block_len": 32, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"})
 
 
+_ILLADA = ("illada", lambda c, g: {"block_len": 32, "variable_length": True})
+
+
 def _diffusion_gemma(config: dict, generation: dict) -> dict:
     """The canvas from config.json; the sampler from generation_config.json (transformers' keys,
     with its defaults where a key is absent): docs/diffusion-gemma.md 1.3."""
@@ -49,6 +52,9 @@ FAMILY_DEFAULTS = {
     # step, the authors' sampling; the prefix cache gives the same logits and NFE as their full canvas
     "steerling": ("steerling", lambda c, g: {"block_len": c.get("diff_block_size") or 64, "rule": "fixed",
                                             "cache": "prefix"}),
+    # iLLaDA's var_generate (docs/illada.md 3.2): the canvas grows by blocks of 32
+    "illada": _ILLADA,
+    "ILLaDAForCausalLM": _ILLADA,        # found by its class name whatever its model_type (models/__init__.py)
 }
 FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
 FAMILY_DEFAULTS["sdar_moe"] = FAMILY_DEFAULTS["sdar"]    # SDAR-30B-A3B decodes as dense SDAR (docs/sdar-moe.md)
@@ -66,7 +72,10 @@ def decode_defaults(config: dict, generation: dict | None = None) -> dict:
 
 def variant(config: dict) -> str | None:
     """What config.json switches on beyond its family's name (`info` says it): LLaDA2.2's block
-    routing (`expert_capacity`) and its insert/delete edit tokens (docs/llada2-2.md)."""
+    routing (`expert_capacity`) and its insert/delete edit tokens (docs/llada2-2.md); iLLaDA, named
+    for what it is (docs/illada.md 7.6)."""
+    if _entry(config) is _ILLADA:
+        return "iLLaDA (LLaDA's successor: Llama layout, GQA, tied head, variable-length decoding)"
     if _entry(config) is not _LLADA2:
         return None
     found = []

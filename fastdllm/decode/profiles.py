@@ -140,6 +140,8 @@ def resolve(profile: Profile | None, flags: dict[str, Any], model_dir: Path | No
         merged.update(parsed)
         set_at.update(dict.fromkeys(parsed, i))
     self_spec_drafts(merged, set_at)
+    if "steps" in merged and "block_steps" in merged and set_at["steps"] != set_at["block_steps"]:
+        merged.pop("block_steps" if set_at["steps"] > set_at["block_steps"] else "steps")   # the later layer's count
     if RULES[merged.get("rule", DEFAULTS.rule)].whole_canvas and "block_len" not in merged:
         merged["block_len"] = merged.get("gen_len", DEFAULTS.gen_len)      # one global canvas (RND1)
     return DecodeConfig.from_dict(merged)

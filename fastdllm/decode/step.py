@@ -9,6 +9,7 @@ import torch
 from .constraint import RowConstraints
 from .credit import CreditTrace
 from .dilation import level_of
+from .growing import Bonus
 from .graphs import SpanForward
 from .klass import KlassTrace
 from .prophet import Check
@@ -18,7 +19,8 @@ from .selection import authors_dtype, entropy_of, max_without, predict, select, 
 
 def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
                  credit: CreditTrace | None = None, check: Check | None = None,
-                 constraint: RowConstraints | None = None, klass: KlassTrace | None = None):
+                 constraint: RowConstraints | None = None, klass: KlassTrace | None = None,
+                 bonus: Bonus | None = None):
     """One forward and one decision. block_masked (B, L): the active block's candidate positions;
     editable (B, L) or None: positions whose written token may be edited (then every position of
     the block is read); credit: CreditDecoding's state (credit.py), whose fused logits the decision
@@ -26,7 +28,8 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     commit them all; constraint: the rows' grammar matchers (constraint.py), which mask the logits
     at each constrained row's frontier and keep of the rule's choice the valid run from it (a host
     round trip before the commit); klass: KLASS's KL history (klass.py), whose forward also reads the
-    next block where the span covers it. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
+    next block where the span covers it; bonus: iLLaDA's end-think boosts of this step (growing.py),
+    added to the logits before anything reads them. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
     canvas = forward.canvas
     device = canvas.device
     whole = forward.full_block or editable is not None
@@ -44,6 +47,8 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
         logits = klass.split(logits, candidate.any(1).to(device))   # keeps the next block's
     if check is not None:
         logits = check.test(logits)                     # the gap test; the block's (B, K, V) decide as usual
+    if bonus is not None:                       # growing.py: one logit per row raised, in place
+        logits = bonus.apply(logits, positions)
     if credit is not None:                      # credit.py: logits + alpha log(1 + credit), after any graph
         logits = credit(pos_dev - s, candidate.to(device), logits)
     if constraint is not None:                  # the frontier's disallowed tokens to -inf, in place
