@@ -56,6 +56,8 @@ def prepare_chat(body: Any, server: Server) -> Prepared:
         call = tools.grammar(lm.tokenizer) if tools else None           # required / named: one call, its arguments checked
         return prepare(req, server, ids, chat_limit(req), "messages", tools=tools,
                        response_format=req.response_format, grammar=call)
+    if why := getattr(lm.model, "plain_chat_refusal", None):        # a family whose answers need its template
+        raise ApiError(400, f"messages: {why}", param="messages")
     # as `fastdllm chat` does for such models: a plain 'User: / Assistant:' transcript
     system = "\n".join(m["content"] for m in messages if m["role"] == "system") or None
     turns = [m for m in messages if m["role"] != "system"]

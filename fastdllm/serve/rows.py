@@ -28,9 +28,10 @@ def whole_answer(cfg: DecodeConfig) -> bool:
     holds the prompt's tail, the last ends with the answer), KLASS (a block's first steps read
     the KL history of the previous block's last forward) and dLLM-Cache (its refresh schedule counts
     the answer's forwards, its features split the canvas at the prompt's end). Such a job is planned
-    once, with its own config."""
+    once, with its own config. So is iLLaDA's end-think boost: its progress counts from the prompt's
+    end over the whole answer's length."""
     return (cfg.prophet or cfg.dpad_window is not None or cfg.block_align == "grid" or cfg.rule == "klass"
-            or CACHE_MODES[cfg.cache].features)
+            or CACHE_MODES[cfg.cache].features or bool(cfg.end_think_boost))
 
 
 def alone(job: Job) -> bool:
@@ -63,7 +64,10 @@ def config_for(key: tuple, gen_len: int) -> DecodeConfig:
 
 
 def fits(decoder, rows: list["Row"], key: tuple) -> bool:
-    """The batch's canvas fits the model's context."""
+    """The batch's canvas fits the model's context; a family decoded one row at a time (iLLaDA's
+    `padded_batch_refusal`) takes no second row."""
+    if len(rows) > 1 and getattr(decoder.model, "padded_batch_refusal", None):
+        return False
     cfg = config_for(key, max(r.remaining for r in rows))
     causal = decoder.model.attention.kind == "block-causal"
     return length([len(r.context) for r in rows], [_gen(r.remaining, cfg, causal) for r in rows],
