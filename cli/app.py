@@ -27,7 +27,7 @@ from .serve import serve
 from .terminal import err_console
 
 # every family of the catalog (tests/test_help.py keeps this list whole)
-FAMILIES = ("LLaDA, LLaDA-MoE, LLaDA2.x, Dream, DiffuCoder, SDAR, TraDo, Fast-dLLM v2, RND1, DiffusionGemma, "
+FAMILIES = ("LLaDA, LLaDA-MoE, LLaDA2.x, iLLaDA, Dream, DiffuCoder, SDAR, TraDo, Fast-dLLM v2, RND1, DiffusionGemma, "
             "Nemotron-Labs Diffusion, Steerling")
 
 app = typer.Typer(

@@ -35,6 +35,10 @@ def published_config(shape: str) -> dict | None:
         from fastdllm.checkpoints.tiny_rnd1 import rnd1_config
 
         return rnd1_config()
+    if kind == "writer" and name == "illada":
+        from fastdllm.checkpoints.tiny_illada import illada_config
+
+        return illada_config()
     if kind == "writer" and name == "diffusion_gemma":
         from fastdllm.checkpoints.tiny_gemma import PUBLISHED_TEXT, gemma_config
 

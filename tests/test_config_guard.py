@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from fastdllm.checkpoints.family import family_of
 from fastdllm.checkpoints.tiny_gemma import gemma_config
+from fastdllm.checkpoints.tiny_illada import illada_config
 from fastdllm.checkpoints.tiny_moe import published_config
 from fastdllm.checkpoints.tiny_random import FIXTURES
 from fastdllm.checkpoints.tiny_rnd1 import rnd1_config
@@ -28,7 +29,7 @@ PUBLISHED = {p.stem: json.loads(p.read_text()) for p in sorted((Path(__file__).p
 PUBLISHED.update({f"package:{p.parent.name}": json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*/config.json"))})
 PUBLISHED.update({"writer:rnd1": rnd1_config(), "writer:diffusion_gemma": gemma_config(),
                   "writer:llada_moe": published_config("llada_moe"), "writer:steerling": steerling_config(),
-                  "writer:steerling-instruct": steerling_config(instruct=True)})
+                  "writer:steerling-instruct": steerling_config(instruct=True), "writer:illada": illada_config()})
 CLASSES = [(model_type, c) for model_type, families in FAMILIES.items() for c, _, _ in families]
 BAD = ["fastdllm-test-value", -7, 3.5, True, {"rope_type": "yarn", "factor": 4.0}, ["sliding_attention"]]
 

@@ -14,7 +14,7 @@ from fastdllm.cli.app import FAMILIES, app
 # config.json's model_type -> the name --help gives it
 FAMILY_NAMES = {"llada": "LLaDA", "Dream": "Dream", "Fast_dLLM_Qwen": "Fast-dLLM v2", "sdar": "SDAR", "sdar_moe": "SDAR",
                 "llada2_moe": "LLaDA2.x", "rnd1": "RND1", "diffusion_gemma": "DiffusionGemma",
-                "nemotron_labs_diffusion": "Nemotron-Labs Diffusion", "steerling": "Steerling"}
+                "nemotron_labs_diffusion": "Nemotron-Labs Diffusion", "steerling": "Steerling", "illada": "iLLaDA"}
 WIDE = {"COLUMNS": "2000", "TERMINAL_WIDTH": "2000"}      # no wrapping: a line break is the text's own
 
 
