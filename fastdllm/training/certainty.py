@@ -19,6 +19,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from .data import autocast
 from .mixture import PROMPTED, WEIGHTS, Mixture, MixtureSource, row_lengths
 
 
@@ -77,7 +78,7 @@ class CertaintySource(MixtureSource):
     def loss(self, model, tokens: torch.Tensor, prompt: torch.Tensor, mask_id: int) -> torch.Tensor:
         total = 0.0
         for masked in semi_ar_masks(prompt, tokens.shape[1], self.rng):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with autocast():
                 logits = model(torch.where(masked, mask_id, tokens)).logits
             total = total + certainty_loss(logits, tokens, masked, self.cfg.entropy_weight, self.cfg.entropy_temperature)
         return total

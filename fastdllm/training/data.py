@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..models import cpu
+
 # Whole modules kept out of training (and out of the tokenizer) for evaluation.
 HELD_OUT = ("textwrap", "fractions", "shlex", "heapq", "bisect", "colorsys", "graphlib", "statistics")
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
@@ -122,9 +124,15 @@ def held_out_windows(held_stream: torch.Tensor, seq_len: int, rows: int = 32):
     return torch.stack([held_stream[s:s + seq_len] for s in starts.tolist()]), torch.zeros(rows, dtype=torch.long)
 
 
+def autocast():
+    """bf16 autocast where this CPU has bf16 kernels; fp32 elsewhere (emulated bf16 trains ~20x
+    slower than fp32 on an AVX2-only CPU: 56 against 1,268 tokens/s for the 8.9M model)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu.bf16_native())
+
+
 def forward_loss(model, noisy: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor, prompt_len: torch.Tensor):
-    """One bf16-autocast forward of the masked rows and its weighted_loss."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    """One forward of the masked rows (under autocast()) and its weighted_loss."""
+    with autocast():
         logits = model(noisy).logits
     return weighted_loss(logits, tokens, weight, prompt_len)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import LLaDAConfig, LLaDAModelLM
+from ..models import LLaDAConfig, LLaDAModelLM, cpu
 from . import certainty, data, mixture, tokenizer
 
 
@@ -105,7 +105,7 @@ def heldout_loss(model, held: tuple[torch.Tensor, torch.Tensor], mask_id: int) -
     t = torch.linspace(0.05, 1.0, len(tokens))
     noisy, masked, t = data.mask_batch(tokens, prompt, mask_id, gen, t=t)
     model.eval()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), data.autocast():
         logits = model(noisy).logits
     model.train()
     return float(data.weighted_loss(logits, tokens, masked / t[:, None], prompt))
@@ -152,6 +152,9 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         source.reseed(cfg.seed + state["step"])
         log(f"weights (optimiser reset) from {start} at step {state['step']}")
     state["runs"] += 1
+    precision = "bf16 autocast" if cpu.bf16_native() else "fp32 (no bf16 kernels on this CPU)"
+    state.setdefault("precisions", []).append(precision)
+    log(f"precision: {precision}")
     state.setdefault("commands", []).append(" ".join(sys.argv[1:]) or "(train() called from Python)")
 
     stop = {"now": False}
