@@ -64,7 +64,8 @@ def show(
         card = {"name": entry.name if entry else local.name}
         if entry:
             card.update(hub=entry.hub, revision=entry.revision, family=entry.family, profile=entry.profile,
-                        license=entry.license, about=entry.about, **entry.sizes)
+                        license=entry.license, about=entry.about, **entry.sizes,
+                        **({"gguf": entry.gguf, "note": entry.note} if entry.gguf else {}))
         if local:
             card.update(path=str(local.path), size_bytes=local.size_bytes, quantization=local.quantization,
                         family=local.family)
@@ -78,15 +79,23 @@ def show(
         for p in catalog.PRECISIONS:
             gib = entry.memory_gib(p)
             where = "; GPU only: the CPU's int8/int4 leave packed experts" \
-                if p != "bf16" and entry.family in PACKED_EXPERTS else ""
+                if p != "bf16" and entry.family in PACKED_EXPERTS else "; a GPU dequantizes the file" if entry.gguf else ""
             rows.append((f"memory {p}", f"{gib:.1f} GiB ({catalog.CANVAS_TOKENS}-token canvas{where})" if gib else "unknown"))
+        for tag, _, held in entry.gguf_forms("cpu") if entry.gguf else []:       # each quant tag's file
+            fields = entry.gguf[tag]
+            named = f", {fields['file']}" if fields.get("file") else ""
+            rows.append((f"gguf {tag}", f"{fields['bytes']:,} bytes ({human_bytes(fields['bytes'])}, {fields['source']}{named}); "
+                                        f"{held:.1f} GiB held on a CPU"))
+        if entry.note:
+            rows.append(("note", entry.note))
         rows.append(("license", entry.license))
     else:
         rows += [("name", local.name), ("family", local.family)]
     if local:
         rows += [("local", f"{local.path} ({human_bytes(local.size_bytes)}, {local.quantization})")]
     else:
-        rows += [("local", f"not here: fastdllm pull {entry.name}")]
+        tag = f":{next(iter(entry.gguf))}" if entry.gguf else ""
+        rows += [("local", f"not here: fastdllm pull {entry.name}{tag}")]
     print_columns(rows)
 
 
@@ -113,7 +122,8 @@ def rm(
 
 @user_errors
 def pull(
-    name: Annotated[str, typer.Argument(help="Catalog name (dream:7b) or hub id (ORG/NAME).")],
+    name: Annotated[str, typer.Argument(help="Catalog name (dream:7b) or hub id (ORG/NAME); of a GGUF repository, "
+                                                 "with the quant tag of its one file (ORG/X-GGUF:Q4_K_M).")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """Download a model into the Hugging Face cache: weights, configs and tokenizer files only
@@ -188,7 +198,7 @@ def recommend(
     for entry in catalog.entries().values():
         fits, (label, flags, gib) = verdict(entry, machine)
         split = None
-        if fits is False and (split := split_of(entry, machine, "bf16")):    # no form fits whole: bf16, split
+        if fits is False and not entry.gguf and (split := split_of(entry, machine, "bf16")):    # bf16, split
             fits, (label, flags, gib) = True, ("bf16", split.flags, entry.memory_gib("bf16"))
         elif fits and len(machine.gpus) > 1:                                # held by several GPUs together?
             split = split_of(entry, machine, label, ram=False)
@@ -263,6 +273,8 @@ def verdict(entry, machine) -> tuple[bool | None, tuple[str | None, str | None, 
              [("bf16", "bf16", "--dtype bf16")] + ([] if entry.family in PACKED_EXPERTS else
                                                     [("8bit", "int8", "--quantize int8"), ("4bit", "int4", "--quantize int4")]))
     known = [(label, flags, entry.memory_gib(key)) for key, label, flags in forms if entry.memory_gib(key)]
+    if entry.gguf:                          # a repository of GGUF files: its quant tags, by their sizes
+        known = [form for form in entry.gguf_forms(machine.kind) if form[2]]
     for label, flags, gib in known:
         if machine.fits(int(gib * fit.GIB)):
             return True, (label, flags, gib)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 COMMIT = "c0ffee" + "0" * 34
+LFS = (".safetensors", ".gguf")        # the files the hub keeps in LFS (sha256 listed)
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -22,7 +23,7 @@ def git_blob_sha1(data: bytes) -> str:
 
 def blob_name(path: str, data: bytes) -> str:
     """The name huggingface_hub's cache gives a file's blob: its ETag (sha256 for LFS files)."""
-    return hashlib.sha256(data).hexdigest() if path.endswith(".safetensors") else git_blob_sha1(data)
+    return hashlib.sha256(data).hexdigest() if path.endswith(LFS) else git_blob_sha1(data)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Hub:
                 entries = []
                 for p, data in hub.repos[repo].items():
                     entry = {"type": "file", "oid": git_blob_sha1(data), "size": len(data), "path": p}
-                    if p.endswith(".safetensors"):     # LFS files: the hub gives their sha256
+                    if p.endswith(LFS):                # LFS files: the hub gives their sha256
                         entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
                     entries.append(entry)
                 self.reply(200, entries)
@@ -102,7 +103,7 @@ class Hub:
                     self.close_connection = True           # the hub went away: no answer at all
                     return
                 data = hub.repos[repo][name]
-                lfs = name.endswith(".safetensors")
+                lfs = name.endswith(LFS)
                 etag = blob_name(name, data)
                 if name in hub.corrupt:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]

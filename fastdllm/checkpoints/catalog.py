@@ -29,6 +29,8 @@ class Entry:
     revision: str | None = None
     shape: str | None = None
     sizes: dict = field(default_factory=dict)
+    gguf: dict = field(default_factory=dict)    # a repository of GGUF files: quant tag -> {bytes, source, file}
+    note: str = ""
 
     @property
     def parameters(self) -> int | None:
@@ -45,6 +47,32 @@ class Entry:
     def memory_gib(self, precision: str) -> float | None:
         """GiB of weights plus a bf16 KV cache of CANVAS_TOKENS, at bf16 / 8bit / 4bit; None if unknown."""
         return self.sizes.get(f"{precision}_gib")
+
+    def gguf_bytes(self, tag: str) -> int | None:
+        """The file size of a GGUF entry's quant tag (read from the hub, or computed: its `source`)."""
+        return (self.gguf.get(tag) or {}).get("bytes")
+
+    def cache_gib(self) -> float:
+        """The KV cache the memory figures hold: bf16 weights and cache less the bf16 weights."""
+        if not self.parameters or not self.memory_gib("bf16"):
+            return 0.0
+        return max(0.0, self.memory_gib("bf16") - 2 * self.parameters / GIB)
+
+    def gguf_forms(self, kind: str) -> list[tuple[str, str, float | None]]:
+        """(form, flags, GiB) of a GGUF entry, best quality (largest file) first. On a CPU each quant
+        tag as fastdllm holds it: the larger of the file with the cache and its kept form (cpu_gib:
+        Q6_K and the embedding widen to int8 rows); Q8_0 with --quantize int8, which keeps it 8-bit.
+        On a GPU the file is dequantized: the largest tag at bf16, or 8-/4-bit by bitsandbytes."""
+        tags = sorted(self.gguf, key=lambda t: -self.gguf[t]["bytes"])
+        if kind == "gpu":
+            run = f"-m {self.name}:{tags[0]}"
+            return [(f"{tags[0]} as {p}", run + ("" if p == "bf16" else f" --quantize {p}"), self.memory_gib(p))
+                    for p in PRECISIONS]
+        forms = []
+        for tag in tags:
+            held = max(self.gguf[tag]["bytes"] / GIB + self.cache_gib(), self.gguf[tag].get("cpu_gib") or 0)
+            forms.append((tag, f"-m {self.name}:{tag}" + (" --quantize int8" if tag == "Q8_0" else ""), round(held, 1)))
+        return forms
 
     def size_label(self) -> str:
         """`8.0B`, or `16.3B (1.4B active)` for a mixture of experts."""
@@ -72,10 +100,16 @@ def is_short_name(spec: str) -> bool:
 
 
 def lookup(spec: str) -> Entry | None:
-    """The entry a short name or hub id names (case-insensitive), or None."""
+    """The entry a short name or hub id names (case-insensitive), or None; a GGUF entry also with
+    a quant tag (`llada:8b-instruct-gguf:Q4_K_M`, `ORG/X-GGUF:Q8_0`)."""
     wanted = spec.strip().lower()
     for entry in entries().values():
         if wanted in (entry.name.lower(), entry.hub.lower()):
+            return entry
+    base, _, tag = wanted.rpartition(":")
+    if base and tag:
+        entry = lookup(base)
+        if entry is not None and entry.gguf:
             return entry
     return None
 

@@ -6,7 +6,9 @@ the hub is fixed repairs it.
 
 A snapshot is a model only with its config.json (locate.is_complete), so config.json is taken away
 before anything else is fetched and put back last, once every other file is checked: a pull that
-fails, stops or is interrupted never leaves a copy that is listed or used. The transfers run in a
+fails, stops or is interrupted never leaves a copy that is listed or used. A GGUF file pulled alone
+has no config.json: it is linked into the snapshot only once its transfer is whole, and removed
+if its sha256 does not match. The transfers run in a
 worker thread so that Ctrl+C reaches the main thread at once (huggingface_hub's own pool finishes
 its files first); huggingface_hub's bars and warnings give way to the caller's Report: the bytes,
 the file being fetched, one line per retry."""
@@ -98,9 +100,10 @@ class Fetch:
                 self._tell()
             if self.error is not None:
                 raise self.error
-            checked = False
+            checked = CONFIG not in files          # a GGUF file alone: no config.json to put back
             try:                                   # in this thread: Ctrl+C cannot leave it unchecked
-                self._ensure(files[CONFIG])
+                if not checked:
+                    self._ensure(files[CONFIG])
                 checked = True
             finally:
                 if not checked:

@@ -22,7 +22,9 @@ FORMAT = 3             # bumped when what the folder holds changes: older folder
 
 def folder_for(path: Path) -> Path:
     """The directory standing for the GGUF file `path` (made on first use; refusals first)."""
-    path = Path(path).expanduser().resolve()
+    # absolute, links kept: a hub snapshot's file is a link to a blob named by its hash, and
+    # the folder, `info` and messages should say the file's own name
+    path = Path(os.path.abspath(Path(path).expanduser()))
     stat = path.stat()
     key = hashlib.blake2b(f"{FORMAT}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=8).hexdigest()
     out = cache_folder() / "gguf" / key / path.name        # named after the file: the name commands show

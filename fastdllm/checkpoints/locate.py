@@ -1,6 +1,7 @@
 """Which checkpoint directory a command means: --model as a local directory, a GGUF file (the folder
-standing for it, gguf_folder.py), a catalog short name (`dream:7b`), a hub id (downloaded when the network allows; weights, configs and tokenizer files
-only), or the built-in model."""
+standing for it, gguf_folder.py), a folder or hub repo of GGUF files with a quant tag
+(`org/X-GGUF:Q4_K_M`, gguf_repo.py), a catalog short name (`dream:7b`), a hub id (downloaded when
+the network allows; weights, configs and tokenizer files only), or the built-in model."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from pathlib import Path
 from ..errors import UsageError, UserError
 from . import catalog
 from .builtin import builtin_model_path
+from .hub import ALLOW_PATTERNS, hub_settings
 
-# what a download fetches: weights, configs, tokenizer and chat-template files; never a .py file
-ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
 def resolve_model_dir(spec: str | None) -> Path:
@@ -30,6 +30,10 @@ def resolve_model_dir(spec: str | None) -> Path:
         from .gguf_folder import folder_for
 
         return folder_for(path)
+    from .gguf_repo import resolve as gguf_in
+
+    if (gguf := gguf_in(spec)) is not None:           # a folder or hub repo of GGUF files, NAME:Q4_K_M
+        return gguf
     if path.exists() or spec.startswith((".", "/", "~")):
         return path                                   # loading reports a missing/malformed directory
     if (builtin := builtin_model_path(spec)) is not None:
@@ -72,21 +76,6 @@ def is_complete(path: Path) -> bool:
 def has_tokenizer(path: Path) -> bool:
     return ((path / "tokenizer.json").is_file() or (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
             or (path / "tokenizer.model").is_file() or any(path.glob("*.tiktoken")))
-
-
-def hub_settings() -> dict:
-    """The endpoint and cache as the environment says now: huggingface_hub reads HF_ENDPOINT and
-    HF_HUB_CACHE once, at import; a command (and a test) may set them later."""
-    import os
-
-    settings = {}
-    if os.environ.get("HF_ENDPOINT"):
-        settings["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
-    if os.environ.get("HF_HUB_CACHE"):
-        settings["cache_dir"] = os.environ["HF_HUB_CACHE"]
-    elif os.environ.get("HF_HOME"):
-        settings["cache_dir"] = str(Path(os.environ["HF_HOME"]) / "hub")
-    return settings
 
 
 def _download(repo_id: str, revision: str | None = None) -> Path:

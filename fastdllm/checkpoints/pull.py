@@ -1,7 +1,8 @@
 """`fastdllm pull NAME|HUB_ID`: a checkpoint into the Hugging Face cache with huggingface_hub's own
 downloader (a transfer cut off resumes where it stopped, with a Range request), only weights,
 configs and tokenizer files (never a checkpoint's Python), each file checked against the size and
-the hash the hub lists (fetch.py). Every failure is one line and leaves no half-written file; when
+the hash the hub lists (fetch.py). From a repository of GGUF files, the one file of a quant tag
+(`ORG/X-GGUF:Q4_K_M`; gguf_tags.py). Every failure is one line and leaves no half-written file; when
 a pull stops (the network, a file the hub cannot give, Ctrl+C) the files it checked stay and the
 next pull fetches only the rest; until a pull ends well the copy is neither listed nor used."""
 
@@ -15,30 +16,38 @@ from pathlib import Path
 from ..errors import UsageError, UserError
 from . import catalog
 from .fetch import Fetch, Mismatch, Report
-from .locate import ALLOW_PATTERNS, hub_settings
+from .gguf_tags import choices, looks_like_tag, pick
+from .hub import ALLOW_PATTERNS, hub_settings
 
 
 @dataclass(frozen=True)
 class Pulled:
-    name: str             # the short name, else the hub id
+    name: str             # the short name, else the hub id (with the quant tag of a GGUF file)
     repo_id: str
-    path: Path            # the snapshot a command loads
+    path: Path            # the snapshot a command loads (a GGUF file: the file)
     files: list[str]
     bytes: int
     fetched: list[str]        # the files this pull transferred (the others were here, checked)
     skipped_code: list[str]   # the repo's .py files, never fetched
 
 
-def target(spec: str) -> tuple[str, str, str | None]:
-    """(name to show, hub id, revision) of a short name or a hub id."""
-    entry = catalog.lookup(spec)
+def target(spec: str) -> tuple[str, str, str | None, str | None]:
+    """(name to show, hub id, revision, quant tag) of a short name or a hub id, each with or
+    without a GGUF quant tag (`llada:8b-instruct-gguf:Q4_K_M`, `ORG/X-GGUF:Q8_0`)."""
+    base, _, tag = spec.rpartition(":")
+    if not (base and looks_like_tag(tag)):
+        base, tag = spec, None
+    entry = catalog.lookup(base)
     if entry is not None:
-        return entry.name, entry.hub, entry.revision
-    if catalog.is_short_name(spec):
-        catalog.find(spec)                                   # raises: an unknown name, with the close ones
-    if spec.count("/") != 1 or spec.startswith(("/", ".")):
+        if tag is not None and not entry.gguf:
+            raise UsageError(f"'{spec}': {entry.name} is a safetensors checkpoint; a quant tag names a file of "
+                             "a GGUF repository (fastdllm recommend --all lists the *-gguf entries)")
+        return entry.name, entry.hub, entry.revision, tag
+    if catalog.is_short_name(base):
+        catalog.find(base)                                   # raises: an unknown name, with the close ones
+    if base.count("/") != 1 or base.startswith(("/", ".")):
         raise UsageError(f"'{spec}' is neither a catalog name (fastdllm recommend) nor a hub id (ORG/NAME)")
-    return spec, spec, None
+    return base, base, None, tag
 
 
 def wanted(path: str) -> bool:
@@ -46,12 +55,18 @@ def wanted(path: str) -> bool:
 
 
 def pull(spec: str, *, report: Report | None = None) -> Pulled:
-    name, repo_id, revision = target(spec)
+    name, repo_id, revision, tag = target(spec)
     settings = hub_settings()
     endpoint = settings.get("endpoint") or _default_endpoint()
     commit, listing = _listing(repo_id, revision, endpoint)
     files = {f.path: f for f in listing if wanted(f.path)}
-    if "config.json" not in files:
+    ggufs = {f.path: f for f in listing if f.path.lower().endswith(".gguf")}
+    gguf_file = None
+    if tag is not None or ("config.json" not in files and ggufs):    # a GGUF repository: the tag's one file
+        choice = pick(choices((p, f.size) for p, f in ggufs.items()), tag, name)
+        gguf_file, name = choice.files[0], f"{name}:{choice.tag}" if choice.tag else name
+        files = {gguf_file: ggufs[gguf_file]}
+    elif "config.json" not in files:
         raise UserError(f"{repo_id} has no config.json: not a checkpoint fastdllm can run")
     repo_folder = _repo_folder(repo_id, settings)
     existed = repo_folder.exists()
@@ -66,7 +81,8 @@ def pull(spec: str, *, report: Report | None = None) -> Pulled:
         ref = repo_folder / "refs" / (revision or "main")
         ref.parent.mkdir(parents=True, exist_ok=True)
         ref.write_text(commit)
-    return Pulled(name=name, repo_id=repo_id, path=fetch.snapshot, files=sorted(files),
+    return Pulled(name=name, repo_id=repo_id, path=fetch.snapshot / gguf_file if gguf_file else fetch.snapshot,
+                  files=sorted(files),
                   bytes=sum(f.size for f in files.values()), fetched=fetch.fetched,
                   skipped_code=sorted(f.path for f in listing if f.path.endswith(".py")))
 
