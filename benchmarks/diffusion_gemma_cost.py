@@ -19,7 +19,7 @@ import harness
 import torch
 
 from fastdllm.checkpoints.info import memory_estimate, shape_summary
-from fastdllm.checkpoints.tiny_gemma import PUBLISHED_TEXT
+from fastdllm.testing.tiny_gemma import PUBLISHED_TEXT
 from fastdllm.models.diffusion_gemma import (
     DiffusionGemmaConfig,
     DiffusionGemmaForBlockDiffusion,

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fastdllm.checkpoints import loading  # noqa: E402
-from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada  # noqa: E402
+from fastdllm.testing.tiny_random import FIXTURES, write_dream, write_llada  # noqa: E402
 from fastdllm.decode import engine  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.decode.engine import Result, StepEvent, generate  # noqa: E402

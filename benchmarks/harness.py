@@ -23,8 +23,8 @@ import torch
 
 from fastdllm import host_memory
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
-from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada
+from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.testing.tiny_random import FIXTURES, write_dream, write_llada
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run as engine_run
 from fastdllm.models import FAMILIES

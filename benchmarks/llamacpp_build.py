@@ -164,7 +164,7 @@ def write_checkpoint(shape: str, seed: int = 0) -> Path:
         return out
     import torch
 
-    from fastdllm.checkpoints.tiny_random import FIXTURES
+    from fastdllm.testing.tiny_random import FIXTURES
     from fastdllm.models import DreamConfig, DreamModel
 
     fixtures = FIXTURES / "Dream-v0-Instruct-7B"

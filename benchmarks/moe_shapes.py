@@ -9,15 +9,15 @@ import harness
 import torch
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_moe import (
+from fastdllm.testing.tiny_moe import (
     PUBLISHED,
     published_config,
     write_llada2_2,
     write_llada2_moe,
     write_llada_moe,
 )
-from fastdllm.checkpoints.tiny_rnd1 import rnd1_config, write_rnd1
-from fastdllm.checkpoints.tiny_sdar_moe import write_sdar_moe
+from fastdllm.testing.tiny_rnd1 import rnd1_config, write_rnd1
+from fastdllm.testing.tiny_sdar_moe import write_sdar_moe
 from fastdllm.models.moe import SparseMoE
 
 # name -> (model_type of the published config, tiny checkpoint writer: tokenizer and special tokens only)

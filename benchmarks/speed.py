@@ -33,7 +33,7 @@ from pathlib import Path
 import harness
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_random import FIXTURES
+from fastdllm.testing.tiny_random import FIXTURES
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate, run
 

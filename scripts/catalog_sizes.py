@@ -32,15 +32,15 @@ def published_config(shape: str) -> dict | None:
     if kind == "package":
         return json.loads((ROOT / "fastdllm" / "checkpoints" / "published" / name / "config.json").read_text())
     if kind == "writer" and name == "rnd1":
-        from fastdllm.checkpoints.tiny_rnd1 import rnd1_config
+        from fastdllm.testing.tiny_rnd1 import rnd1_config
 
         return rnd1_config()
     if kind == "writer" and name == "illada":
-        from fastdllm.checkpoints.tiny_illada import illada_config
+        from fastdllm.testing.tiny_illada import illada_config
 
         return illada_config()
     if kind == "writer" and name == "diffusion_gemma":
-        from fastdllm.checkpoints.tiny_gemma import PUBLISHED_TEXT, gemma_config
+        from fastdllm.testing.tiny_gemma import PUBLISHED_TEXT, gemma_config
 
         text = {k: v for k, v in PUBLISHED_TEXT.items() if k not in ("num_hidden_layers", "vocab_size",
                                                                      "final_logit_softcapping", "max_position_embeddings")}

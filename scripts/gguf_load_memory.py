@@ -47,7 +47,7 @@ def build(out: Path) -> Path:
 BUILD = """
 import sys, torch
 from pathlib import Path
-from fastdllm.checkpoints.tiny_random import write_llada
+from fastdllm.testing.tiny_random import write_llada
 sys.path.insert(0, "tests")
 from test_gguf import write_gguf
 from test_gguf_int4 import q4_k_m

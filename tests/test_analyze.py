@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from fastdllm.bench.analyze import analyze, baseline_config, drift_refusal, refusal
 from fastdllm.bench.analyze_report import advice
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.cli.app import app
 from fastdllm.decode.config import DecodeConfig
 from one_line import one_line_refusal

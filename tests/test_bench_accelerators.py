@@ -85,7 +85,7 @@ def test_a_row_the_sweep_refuses_is_left_out_with_its_line(llada_dir):
 
 def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_blockdiff import write_sdar
 
     path = write_sdar(tmp_path / "tiny-sdar")
     cases, _ = suite_cases(path, 64)

@@ -121,7 +121,7 @@ def test_cli_infill_refusals_are_one_line_before_loading(llada_dir, monkeypatch,
 
 def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monkeypatch):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_blockdiff import write_sdar
 
     path = write_sdar(tmp_path / "tiny-sdar")
     lm = loading.load(path, dtype="fp32")

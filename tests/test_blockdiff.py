@@ -12,7 +12,7 @@ from cli_runner import invoke
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import generate
 from fastdllm.decode.events import Result, StepEvent

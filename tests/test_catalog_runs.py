@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from fastdllm.cli.app import app
 from fastdllm.checkpoints import catalog
-from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+from fastdllm.testing.tiny_blockdiff import write_sdar
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "published"
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,

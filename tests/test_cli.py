@@ -218,7 +218,7 @@ def test_quantized_8bit_and_4bit_on_cpu(family, request, tmp_path):
     else:  # bitsandbytes' CPU 4-bit kernel needs rows of at least its block size (64)
         from conftest import VARIED
 
-        from fastdllm.checkpoints.tiny_random import write_dream
+        from fastdllm.testing.tiny_random import write_dream
 
         path = write_dream(tmp_path / "dream64", hidden_size=64, intermediate_size=128, **VARIED)
     sizes = {}

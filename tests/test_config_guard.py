@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from fastdllm.checkpoints.family import family_of
-from fastdllm.checkpoints.tiny_gemma import gemma_config
-from fastdllm.checkpoints.tiny_illada import illada_config
-from fastdllm.checkpoints.tiny_moe import published_config
-from fastdllm.checkpoints.tiny_random import FIXTURES
-from fastdllm.checkpoints.tiny_rnd1 import rnd1_config
-from fastdllm.checkpoints.tiny_steerling import steerling_config
+from fastdllm.testing.tiny_gemma import gemma_config
+from fastdllm.testing.tiny_illada import illada_config
+from fastdllm.testing.tiny_moe import published_config
+from fastdllm.testing.tiny_random import FIXTURES
+from fastdllm.testing.tiny_rnd1 import rnd1_config
+from fastdllm.testing.tiny_steerling import steerling_config
 from fastdllm.errors import UserError
 from fastdllm.models import FAMILIES
 from fastdllm.models.config_guard import ABSENT_OK, REQUIRED, Switch
@@ -139,7 +139,7 @@ def test_unknown_keys_load_with_a_note(tmp_path):
 
 @pytest.fixture(scope="module")
 def llada22(tmp_path_factory):
-    from fastdllm.checkpoints.tiny_moe import write_llada2_moe
+    from fastdllm.testing.tiny_moe import write_llada2_moe
 
     path = write_llada2_moe(tmp_path_factory.mktemp("llada22") / "tiny-llada2.2")
     config = json.loads((path / "config.json").read_text())          # as a LLaDA2.2 download adds them

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_random import FIXTURES
+from fastdllm.testing.tiny_random import FIXTURES
 from fastdllm.models.layers import cpu_4bit_packable, keep_4bit_portable
 
 bnb = pytest.importorskip("bitsandbytes")

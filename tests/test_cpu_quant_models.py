@@ -17,7 +17,7 @@ from torch import nn
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.info import inspect_checkpoint, memory_estimate
 from fastdllm.checkpoints.placement import cpu_quant_check
-from fastdllm.checkpoints.tiny_random import write_dream
+from fastdllm.testing.tiny_random import write_dream
 from fastdllm.errors import UserError
 from fastdllm.models import FAMILIES, cpu_kernels
 from fastdllm.models.cpu_kernels import QuantLinear, int_mm_exact
@@ -147,7 +147,7 @@ def test_bitsandbytes_on_cpu_says_int8_int4_are_the_cpu_formats(llada_dir):
 
 
 def test_moe_experts_are_quantized(tmp_path):
-    from fastdllm.checkpoints.tiny_moe import write_llada_moe
+    from fastdllm.testing.tiny_moe import write_llada_moe
 
     lm = loading.load(write_llada_moe(tmp_path / "moe"), quantize="int8")
     experts = [m for n, m in lm.model.named_modules() if ".experts." in n and isinstance(m, Int8Linear)]
@@ -158,7 +158,7 @@ def test_moe_experts_are_quantized(tmp_path):
 
 
 def test_packed_experts_are_refused_in_one_line(tmp_path):
-    from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
     path = write_diffusion_gemma(tmp_path / "gemma")
     with pytest.raises(UserError, match="experts are packed 3-D tensors"):

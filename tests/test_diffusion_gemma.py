@@ -1,6 +1,6 @@
 """DiffusionGemma against transformers' own implementation (DiffusionGemmaForBlockDiffusion and its
 generate), float64, on tiny checkpoints written by fastdllm's writer in the published layout
-(fastdllm/checkpoints/tiny_gemma.py): the files, the encoder and decoder logits, generate token for
+(fastdllm/testing/tiny_gemma.py): the files, the encoder and decoder logits, generate token for
 token with the same seed (one and several canvases, prompts shorter and longer than the sliding
 window), the sampler's stop and end-of-text paths, batches equal to their rows alone, the CLI."""
 
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.decode.events import StepEvent

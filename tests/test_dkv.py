@@ -206,8 +206,8 @@ def test_moe_families_a_position_set_over_an_exact_cache_equals_a_full_forward(f
     a set of slots of different sizes per row (filler in the shorter one) against that cache gives
     the full forward's logits and K/V; then a dkv generation (RND1: its global canvas) takes cached steps."""
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_moe import write_llada_moe
-    from fastdllm.checkpoints.tiny_rnd1 import write_rnd1
+    from fastdllm.testing.tiny_moe import write_llada_moe
+    from fastdllm.testing.tiny_rnd1 import write_rnd1
 
     writer = write_llada_moe if family == "llada_moe" else write_rnd1
     lm = loading.load(writer(tmp_path_factory.mktemp("ckpt") / family), dtype="fp64")
@@ -250,8 +250,8 @@ def test_config_errors_are_one_line(values, message):
 
 def test_block_causal_and_renoising_families_refused_in_one_line(tmp_path_factory):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
-    from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+    from fastdllm.testing.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
     sdar = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp32")
     one_line_refusal(lambda: run(sdar.decoder, [[5, 6, 7]], DecodeConfig(gen_len=16, block_len=4, cache="dkv")),

@@ -117,7 +117,7 @@ def test_left_padded_batch_equals_its_rows(fixture, request):
 
 def test_refusals(llada64, tmp_path_factory):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_blockdiff import write_sdar
 
     sdar = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp32")
     one_line_refusal(lambda: run(sdar.decoder, [[5, 6, 7]], DecodeConfig(gen_len=16, block_len=4, cache="dllm_cache")),

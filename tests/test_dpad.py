@@ -128,8 +128,8 @@ def test_config_errors_are_one_line(values, message):
 
 def test_block_causal_renoising_and_infilling_refused_in_one_line(llada64, tmp_path_factory):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
-    from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+    from fastdllm.testing.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
     sdar = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp32")
     cfg = DecodeConfig(gen_len=16, block_len=4, dpad_window=8)

@@ -178,7 +178,7 @@ def test_block_causal_blocks_of_four_commit_one_level_a_step(tmp_path_factory):
     """SDAR (not the authors' setting): blocks of 4 are {0,2} {1,3}; the first block's prompt tail
     is no candidate, so a level with nothing masked is skipped, never a step that commits nothing."""
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_blockdiff import write_sdar
 
     lm = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp64")
     prompt = torch.randint(1000, 30000, (6,), generator=torch.Generator().manual_seed(0)).tolist()   # 6 % 4: off the grid
@@ -192,7 +192,7 @@ def test_block_causal_blocks_of_four_commit_one_level_a_step(tmp_path_factory):
 
 def test_renoising_family_refuses(tmp_path_factory):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
     from fastdllm.decode.engine import stepper
 
     path = write_diffusion_gemma(tmp_path_factory.mktemp("ckpt") / "tiny-gemma", canvas_length=16,

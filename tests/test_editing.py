@@ -16,7 +16,7 @@ import torch
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_moe import write_llada2_moe
+from fastdllm.testing.tiny_moe import write_llada2_moe
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.editing import refuse_editing
 from fastdllm.decode.engine import run

@@ -15,7 +15,7 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 
-from fastdllm.checkpoints.tiny_blockdiff import write_sdar  # noqa: E402
+from fastdllm.testing.tiny_blockdiff import write_sdar  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.decode.engine import run  # noqa: E402
 from fastdllm.errors import UserError  # noqa: E402

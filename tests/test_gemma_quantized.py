@@ -14,7 +14,7 @@ from torch import nn
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.info import memory_estimate, shape_summary
-from fastdllm.checkpoints.tiny_gemma import PUBLISHED_TEXT, write_diffusion_gemma
+from fastdllm.testing.tiny_gemma import PUBLISHED_TEXT, write_diffusion_gemma
 from fastdllm.models.diffusion_gemma import (
     DiffusionGemmaConfig,
     DiffusionGemmaForBlockDiffusion,

@@ -117,7 +117,7 @@ def write_qwen_gguf(src: Path, out: Path, arch: str, outtype: str = "F32", *, sh
 
 @pytest.fixture(scope="module")
 def rnd1_dir(tmp_path_factory):
-    from fastdllm.checkpoints.tiny_rnd1 import write_rnd1
+    from fastdllm.testing.tiny_rnd1 import write_rnd1
 
     return write_rnd1(tmp_path_factory.mktemp("ckpt") / "tiny-rnd1", dtype=torch.float32)
 

@@ -13,7 +13,7 @@ import torch
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.locate import resolve_model_dir
-from fastdllm.checkpoints.tiny_random import write_llada
+from fastdllm.testing.tiny_random import write_llada
 from fastdllm.models.cpu_int4 import Int4Linear, dequantize_int4, quantize_int4
 from fastdllm.models.cpu_quant import Int8Linear, quantize_int8
 

@@ -89,7 +89,7 @@ def test_info_states_what_int8_does_with_q8_0(q8_file):
 @pytest.mark.parametrize("arch, linears", [("dream", 14), ("rnd1", 56)])
 def test_qwen_families_keep_q8_0_as_int8(dream_dir, tmp_path, arch, linears):
     """Dream's 7 linears a layer; RND1's 4 attention + 8 experts x 3 (the router stays float)."""
-    from fastdllm.checkpoints.tiny_rnd1 import write_rnd1
+    from fastdllm.testing.tiny_rnd1 import write_rnd1
 
     from test_gguf_families import write_qwen_gguf
 

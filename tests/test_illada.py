@@ -1,5 +1,5 @@
 """iLLaDA (docs/illada.md) on tiny random checkpoints in the layout its spec describes
-(fastdllm/checkpoints/tiny_illada.py), against the independent float64 transcription of its forward
+(fastdllm/testing/tiny_illada.py), against the independent float64 transcription of its forward
 and of its authors' generate / var_generate / end-of-thinking boost (tests/reference_illada.py):
 committed tokens and NFE equal with the growing canvas on and off, a stop in the middle of a block,
 the stop in the last block, steps < block_len, the boost with a one-id and a multi-id `</think>`
@@ -20,7 +20,7 @@ from cli_runner import invoke
 from one_line import one_line_refusal
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_illada import EOS_ID, MASK_ID, PAD_ID, write_illada
+from fastdllm.testing.tiny_illada import EOS_ID, MASK_ID, PAD_ID, write_illada
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import run

@@ -9,7 +9,7 @@ import torch
 from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.decode import infill
 from fastdllm.decode.canvas import plan_infill
 from fastdllm.decode.config import DecodeConfig

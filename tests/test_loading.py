@@ -118,7 +118,7 @@ def test_published_files_ship_inside_the_package():
     """tiny_random (and tiny_blockdiff) read the published configs and tokenizer files from the
     installed package, not from a source checkout's tests/ (CI runs on a regular install)."""
     import fastdllm
-    from fastdllm.checkpoints.tiny_random import FIXTURES
+    from fastdllm.testing.tiny_random import FIXTURES
 
     assert FIXTURES.is_relative_to(Path(fastdllm.__file__).parent)
     for name in ("Dream-v0-Instruct-7B/vocab.json", "Dream-v0-Instruct-7B/merges.txt", "LLaDA-8B-Instruct/config.json"):

@@ -116,7 +116,7 @@ def test_show_marks_the_forms_a_cpu_cannot_run(tmp_path, monkeypatch):
 
 
 def test_info_names_the_llada2_2_variant_and_the_profile_it_picks(tmp_path):
-    from fastdllm.checkpoints.tiny_moe import write_llada2_2
+    from fastdllm.testing.tiny_moe import write_llada2_2
 
     both = write_llada2_2(tmp_path / "indel", delete_token_id=5, split_token_id=6)
     out = CliRunner().invoke(app, ["info", str(both)])

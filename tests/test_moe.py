@@ -1,7 +1,7 @@
 """The mixture-of-experts families, LLaDA2.x (`llada2_moe`, block-causal) and LLaDA-MoE (`llada` +
 `LLaDAMoEModelLM`, bidirectional), against the independent float64 transcriptions of their
 reference forwards and decoders (tests/reference_moe.py) on tiny checkpoints in the published
-formats (fastdllm/checkpoints/tiny_moe.py): logits and router decisions per layer, committed (position, token)
+formats (fastdllm/testing/tiny_moe.py): logits and router decisions per layer, committed (position, token)
 pairs at every step, NFE; cache modes; batches; the CLI; 8/4-bit loading; one-line errors."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mask_heavy import heavy_copy, max_mask_probability
 from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_moe import write_llada2_moe, write_llada_moe
+from fastdllm.testing.tiny_moe import write_llada2_moe, write_llada_moe
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.decode.events import StepEvent

@@ -14,7 +14,7 @@ import reference_nemotron as ref
 from safetensors.torch import load_file
 
 from fastdllm.checkpoints.loading import load
-from fastdllm.checkpoints.tiny_nemotron import EOS_ID, MASK_ID, nemotron_config, write_nemotron
+from fastdllm.testing.tiny_nemotron import EOS_ID, MASK_ID, nemotron_config, write_nemotron
 from fastdllm.errors import UserError
 from fastdllm.models.kv_cache import CanvasCache
 from fastdllm.models.nemotron_labs_diffusion import ROPE_8B, rope_frequencies

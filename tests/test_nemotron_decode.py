@@ -13,7 +13,7 @@ import torch
 import reference_nemotron as ref
 
 from fastdllm.checkpoints.loading import load
-from fastdllm.checkpoints.tiny_nemotron import EOS_ID, write_nemotron
+from fastdllm.testing.tiny_nemotron import EOS_ID, write_nemotron
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import generate
 from fastdllm.decode.events import BlockEvent, Result, StepEvent

@@ -246,7 +246,7 @@ def test_threshold_rule_checks_at_refresh_steps_with_its_share_of_masks(llada64)
 
 def test_refusals_are_one_line(tmp_path, llada64):
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
     gemma = loading.load(write_diffusion_gemma(tmp_path / "gemma", canvas_length=32, max_denoising_steps=4),
                          dtype="fp32")

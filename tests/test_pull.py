@@ -17,7 +17,7 @@ import pytest
 from cli_runner import invoke
 
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
-from fastdllm.checkpoints.tiny_random import write_llada
+from fastdllm.testing.tiny_random import write_llada
 from fastdllm.units import human_bytes
 from hub_server import COMMIT, Hub, blob_name
 

@@ -1,4 +1,4 @@
-"""The tiny block-diffusion checkpoints (fastdllm/checkpoints/tiny_blockdiff.py) and the naive reference decoders
+"""The tiny block-diffusion checkpoints (fastdllm/testing/tiny_blockdiff.py) and the naive reference decoders
 (tests/reference_blockdiff.py) themselves: files and names as docs/fast-dllm-v2.md and docs/sdar.md
 state, tokenizer ids, the naive forward against transformers' Qwen2/Qwen3, and the decoders' own
 invariants (quotas, one token per step, AR tokens, NFE formulas, exact prefix cache, prompt lengths)."""
@@ -18,7 +18,7 @@ from reference_blockdiff import (
 )
 from safetensors.torch import load_file
 
-from fastdllm.checkpoints.tiny_blockdiff import (
+from fastdllm.testing.tiny_blockdiff import (
     SDAR_MASK_ID,
     V2_MASK_ID,
     V2_STOP_ID,

@@ -112,7 +112,7 @@ def llada32_peaked(tmp_path_factory):
     """fp32 with large logits (up to ~140: the head scaled 20x), confidences up to 0.99999999 a few
     1e-7 apart: where fp32 rounding of the normaliser used to pick another token (15 of 32 equal)."""
     from fastdllm.checkpoints import loading
-    from fastdllm.checkpoints.tiny_random import FIXTURES, write_llada
+    from fastdllm.testing.tiny_random import FIXTURES, write_llada
 
     path = write_llada(tmp_path_factory.mktemp("peaked") / "tiny-llada", init_std=0.3, logit_scale=20.0, fixtures=FIXTURES)
     return loading.load(path, dtype="fp32")

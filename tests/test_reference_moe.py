@@ -1,4 +1,4 @@
-"""The tiny MoE checkpoints (fastdllm/checkpoints/tiny_moe.py) and the naive references (tests/reference_moe.py)
+"""The tiny MoE checkpoints (fastdllm/testing/tiny_moe.py) and the naive references (tests/reference_moe.py)
 themselves: files, config keys and tensor names as docs/llada2-moe.md and docs/llada-moe.md state,
 tokenizer ids and chat templates, the MoE blocks against transformers' DeepSeek-V3 / OLMoE blocks (the
 same router math), attention patterns, partial RoPE, and the decoders' own invariants."""
@@ -11,7 +11,7 @@ import pytest
 import reference_moe as ref
 import torch
 
-from fastdllm.checkpoints.tiny_moe import (
+from fastdllm.testing.tiny_moe import (
     BOS_ID,
     EOS_ID,
     MASK_ID,

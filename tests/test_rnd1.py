@@ -1,6 +1,6 @@
 """RND1 (`rnd1`) against the independent float64 transcription of its forward and of its authors'
 `diffusion_sample` (tests/reference_rnd1.py), on tiny checkpoints in the published layout
-(fastdllm/checkpoints/tiny_rnd1.py): the files and the trust decision, logits and every layer's router
+(fastdllm/testing/tiny_rnd1.py): the files and the trust decision, logits and every layer's router
 decisions (the transcription itself against transformers' Qwen3-MoE under a full mask), committed
 (position, token) pairs at every step and NFE for the entropy schedule (greedy and seeded sampling),
 RND1's own canvas (a reserved last slot), prefix/suffix infilling, the eos at the end, a probable
@@ -20,7 +20,7 @@ from cli_runner import invoke
 from test_blockdiff import prompt_of
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_rnd1 import (
+from fastdllm.testing.tiny_rnd1 import (
     EOS_ID,
     MASK_ID,
     PAD_ID,

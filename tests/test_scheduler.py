@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.serve.jobs import Failed, Finished, Job, QueueFull, StepUpdate, TextUpdate

@@ -1,6 +1,6 @@
 """SDAR-30B-A3B (`sdar_moe`) against the independent float64 transcription of its forward
 (tests/reference_sdar_moe.py) and dense SDAR's reference decoder (tests/reference_blockdiff.py), on
-tiny checkpoints in the published layout (fastdllm/checkpoints/tiny_sdar_moe.py): the published
+tiny checkpoints in the published layout (fastdllm/testing/tiny_sdar_moe.py): the published
 files as a download brings them, logits and every layer's router decisions, committed (position,
 token) pairs at every step and NFE for each SDAR rule under both exact cache modes, a batch, the CLI
 and `fastdllm info`, 8/4-bit on CPU, one-line errors."""
@@ -21,7 +21,7 @@ from cli_runner import invoke
 from test_blockdiff import check_sdar, ours, prompt_of
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_sdar_moe import (
+from fastdllm.testing.tiny_sdar_moe import (
     COPIED,
     MASK_ID,
     PUBLISHED_DIR,

@@ -11,7 +11,7 @@ import reference_nemotron as ref
 from test_nemotron_modes import G, L, prompt, upto_stop
 
 from fastdllm.checkpoints.loading import load
-from fastdllm.checkpoints.tiny_nemotron import write_nemotron
+from fastdllm.testing.tiny_nemotron import write_nemotron
 from fastdllm.decode.engine import run
 from fastdllm.decode.profiles import Profile, default_profile_for, find, resolve
 

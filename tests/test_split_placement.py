@@ -16,9 +16,9 @@ from conftest import VARIED
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.family import family_of, read_config
 from fastdllm.checkpoints.split import plan, split_of
-from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
-from fastdllm.checkpoints.tiny_moe import write_llada2_moe, write_llada_moe
-from fastdllm.checkpoints.tiny_random import write_dream, write_llada
+from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+from fastdllm.testing.tiny_moe import write_llada2_moe, write_llada_moe
+from fastdllm.testing.tiny_random import write_dream, write_llada
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.errors import UsageError, UserError

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastdllm.checkpoints.loading import load
-from fastdllm.checkpoints.tiny_steerling import ENDOFCHUNK, EOT, write_steerling
+from fastdllm.testing.tiny_steerling import ENDOFCHUNK, EOT, write_steerling
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import generate
 from fastdllm.errors import UserError

@@ -20,7 +20,7 @@ from steerling.configs.concept import ConceptConfig  # noqa: E402
 from steerling.configs.generation import GenerationConfig  # noqa: E402
 from steerling.models.interpretable.interpretable_causal_diffusion import InterpretableCausalDiffusionLM  # noqa: E402
 
-from fastdllm.checkpoints.tiny_steerling import ENDOFCHUNK, EOT, write_steerling  # noqa: E402
+from fastdllm.testing.tiny_steerling import ENDOFCHUNK, EOT, write_steerling  # noqa: E402
 from test_steerling import ENTROPY, GREEDY, PROMPTS, TOP_P, _ours, _steered_row  # noqa: E402
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from fastdllm.checkpoints import loading  # noqa: E402
-from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar  # noqa: E402
+from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.decode.constraint import Compiled, Spec  # noqa: E402
 from fastdllm.decode.engine import run  # noqa: E402
@@ -189,9 +189,9 @@ def test_more_families_and_the_builtin_model_answer_valid_sentences(family, tmp_
     """The same sweep on the built-in model and the MoE and RND1 families (slow lane). RND1's rules
     decode one global canvas (block_len = gen_len); the others take blocks of 32."""
     from fastdllm.checkpoints.locate import resolve_model_dir
-    from fastdllm.checkpoints.tiny_moe import write_llada2_moe, write_llada_moe
-    from fastdllm.checkpoints.tiny_rnd1 import write_rnd1
-    from fastdllm.checkpoints.tiny_sdar_moe import write_sdar_moe
+    from fastdllm.testing.tiny_moe import write_llada2_moe, write_llada_moe
+    from fastdllm.testing.tiny_rnd1 import write_rnd1
+    from fastdllm.testing.tiny_sdar_moe import write_sdar_moe
 
     writers = {"builtin": lambda p: resolve_model_dir(None), "llada_moe": write_llada_moe,
                "llada2_moe": write_llada2_moe, "sdar_moe": write_sdar_moe, "rnd1": write_rnd1}

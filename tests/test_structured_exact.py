@@ -22,7 +22,7 @@ jsonschema = pytest.importorskip("jsonschema")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from fastdllm.checkpoints import loading  # noqa: E402
-from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2  # noqa: E402
+from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2  # noqa: E402
 from fastdllm.decode import profiles  # noqa: E402
 
 BIG = 2 ** 53 + 1                                   # 9007199254740993: no double holds it

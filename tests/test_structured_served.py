@@ -36,11 +36,11 @@ PROMPTS = ["def person():", "Hi.", "Give the answer as JSON."]
 
 
 def _writers():
-    from fastdllm.checkpoints.tiny_blockdiff import write_fast_dllm_v2, write_sdar
-    from fastdllm.checkpoints.tiny_moe import write_llada2_2, write_llada2_moe, write_llada_moe
-    from fastdllm.checkpoints.tiny_random import FIXTURES, write_dream, write_llada
-    from fastdllm.checkpoints.tiny_rnd1 import write_rnd1
-    from fastdllm.checkpoints.tiny_sdar_moe import write_sdar_moe
+    from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
+    from fastdllm.testing.tiny_moe import write_llada2_2, write_llada2_moe, write_llada_moe
+    from fastdllm.testing.tiny_random import FIXTURES, write_dream, write_llada
+    from fastdllm.testing.tiny_rnd1 import write_rnd1
+    from fastdllm.testing.tiny_sdar_moe import write_sdar_moe
 
     return {"fast_dllm_v2": write_fast_dllm_v2, "sdar": write_sdar,
             "llada": lambda p: write_llada(p, fixtures=FIXTURES), "dream": lambda p: write_dream(p, fixtures=FIXTURES),
@@ -175,8 +175,8 @@ def test_a_family_without_structured_output_refuses_it_by_name(name, tmp_path):
     """Served: a 400 naming the field before anything is queued; the CLI: one line, not exit 0."""
     from cli_runner import invoke
 
-    from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
-    from fastdllm.checkpoints.tiny_nemotron import write_nemotron
+    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
+    from fastdllm.testing.tiny_nemotron import write_nemotron
 
     path = {"nemotron": write_nemotron, "diffusion_gemma": write_diffusion_gemma}[name](tmp_path / name)
     lm = loading.load(path, dtype="fp32")

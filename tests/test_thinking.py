@@ -9,7 +9,7 @@ import pytest
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.thinking import without_thought
-from fastdllm.checkpoints.tiny_gemma import write_diffusion_gemma
+from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
 OPEN, CLOSE = 100, 101                 # Gemma-4's ids
 
@@ -39,7 +39,7 @@ def test_the_answer_text_leaves_the_thought_out(gemma):
 
 
 def test_families_without_the_channel_keep_their_text(tmp_path):
-    from fastdllm.checkpoints.tiny_random import write_llada
+    from fastdllm.testing.tiny_random import write_llada
 
     lm = loading.load(write_llada(tmp_path / "llada"), dtype="fp32")
     assert lm.thought is None
@@ -65,7 +65,7 @@ def test_qwen3_think_prefills_an_opened_thought(tmp_path):
     """SDAR's Qwen3 template: thinking on changes nothing in the prompt (the model's choice), so
     `--think` opens the thought itself, as TraDo-8B-Thinking is prompted; `--no-think` is the
     template's empty thought; the answer's text starts after the thought's close."""
-    from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+    from fastdllm.testing.tiny_blockdiff import write_sdar
 
     lm = loading.load(write_sdar(tmp_path / "sdar"), dtype="fp32")
     think, close = lm.tokenizer.convert_tokens_to_ids(["<think>", "</think>"])

@@ -166,7 +166,7 @@ def test_tool_calls_through_the_openai_client(served):
 def llada2_server(tmp_path_factory):
     """A tiny LLaDA2 with LLaDA2.1-mini's published chat template (the tiny vocabulary): its tool syntax is
     Qwen's (`<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`) in its own roles."""
-    from fastdllm.checkpoints.tiny_moe import write_llada2_moe
+    from fastdllm.testing.tiny_moe import write_llada2_moe
 
     path = write_llada2_moe(tmp_path_factory.mktemp("llada2") / "tiny-llada2")
     published = (Path(__file__).parent / "published_configs" / "inclusionAI__LLaDA2.1-mini.chat_template.jinja").read_text()

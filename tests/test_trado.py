@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fastdllm.checkpoints.tiny_blockdiff import write_sdar
+from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.decode import profiles
 
 pytestmark = pytest.mark.usefixtures("one_thread")

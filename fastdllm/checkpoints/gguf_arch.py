@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..errors import UserError
-
-PUBLISHED = Path(__file__).resolve().parent / "published"
+from .published import FOLDER as PUBLISHED
 
 
 @dataclass(frozen=True)
@@ -149,12 +147,27 @@ def dream_config(f, arch: Arch, by_name: dict) -> dict:
 
 
 def rnd1_config(f, arch: Arch, by_name: dict) -> dict:
-    from .tiny_rnd1 import rnd1_config as published       # RND1Config.to_dict()'s keys
-
-    base = published()
+    base = rnd1_published_config()
     config = qwen_config(f, arch, by_name, base)
     n_heads = config["num_attention_heads"]
     config.update(head_dim=int(f.hparam("attention.key_length", config["hidden_size"] // n_heads)),
                   num_experts=int(f.require("rnd1.expert_count")), num_experts_per_tok=int(f.require("rnd1.expert_used_count")),
                   moe_intermediate_size=int(f.require("rnd1.expert_feed_forward_length")))
     return config
+
+
+def rnd1_published_config() -> dict:
+    """RND1-Base-0910's config.json as RND1Config.to_dict() writes it (its constants, then its own keys;
+    mask 151669, eos <|im_end|>, pad <|endoftext|>): the base of a GGUF file's config, the tiny writer's too."""
+    return {"architectures": ["RND1"], "attention_bias": False, "attention_dropout": 0.0,
+            "auto_map": {"AutoConfig": "configuration_rnd.RND1Config", "AutoModel": "modeling_rnd.RND1Model",
+                         "AutoModelForMaskedLM": "modeling_rnd.RND1LM"},
+            "decoder_sparse_step": 1, "dtype": "bfloat16", "eos_token_id": 151645, "head_dim": 128,
+            "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+            "is_causal": False, "mask_token_id": 151669, "max_position_embeddings": 40960, "max_window_layers": 48,
+            "mlp_only_layers": [], "model_type": "rnd1", "moe_backend": "hf", "moe_intermediate_size": 768,
+            "norm_topk_prob": True, "num_attention_heads": 32, "num_diffusion_steps": 256, "num_experts": 128,
+            "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+            "output_router_logits": False, "pad_token_id": 151643, "rms_norm_eps": 1e-06, "rope_scaling": False,
+            "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": False,
+            "tie_word_embeddings": False, "use_cache": False, "use_sliding_window": False, "vocab_size": 151936}

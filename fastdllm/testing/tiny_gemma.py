@@ -15,13 +15,13 @@ system turn holding `<|think|>`), not a copy of the published file."""
 
 from __future__ import annotations
 
-import json
 import sysconfig
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .files import write_json, write_safetensors
 
 SPECIAL_IDS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 50: "<|tool_response>", 98: "<|think|>",
                100: "<|channel>", 101: "<channel|>", 105: "<|turn>", 106: "<turn|>"}
@@ -56,12 +56,11 @@ def write_diffusion_gemma(out: Path, *, max_denoising_steps=48, seed=0, init_std
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = gemma_config(**sizes, dtype=str(dtype).removeprefix("torch."))
-    _dump(out / "config.json", config)
-    _dump(out / "generation_config.json", {**GENERATION, "max_denoising_steps": max_denoising_steps,
+    write_json(out / "config.json", config)
+    write_json(out / "generation_config.json", {**GENERATION, "max_denoising_steps": max_denoising_steps,
                                            "transformers_version": "5.8.0.dev0"})
     weights = _weights(config, seed, init_std, embed_std)
-    save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    write_safetensors(out, {k: v.to(dtype) for k, v in weights.items()})
     _tokenizer(out, config["text_config"]["vocab_size"])
     return out
 
@@ -141,14 +140,11 @@ def _tokenizer(out: Path, vocab_size: int) -> None:
     tok.save(str(out / "tokenizer.json"))
     decoder = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                         "special": True} for i, t in enumerate(specials)}
-    _dump(out / "tokenizer_config.json", {
+    write_json(out / "tokenizer_config.json", {
         "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": decoder, "bos_token": "<bos>",
         "clean_up_tokenization_spaces": False, "eos_token": "<eos>", "mask_token": "<mask>", "model_max_length": 262144,
         "pad_token": "<pad>", "padding_side": "left", "tokenizer_class": "GemmaTokenizer", "unk_token": "<unk>"})
-    _dump(out / "special_tokens_map.json", {"bos_token": "<bos>", "eos_token": "<eos>", "mask_token": "<mask>",
+    write_json(out / "special_tokens_map.json", {"bos_token": "<bos>", "eos_token": "<eos>", "mask_token": "<mask>",
                                             "pad_token": "<pad>", "unk_token": "<unk>"})
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
 
-
-def _dump(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

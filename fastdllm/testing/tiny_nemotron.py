@@ -19,13 +19,12 @@ lora_alpha 512 on o_proj as the fork's guide states, adapter_model.safetensors).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from .tiny_blockdiff import _DTYPES, _dump
+from .files import DTYPE_NAMES, normal_makers, write_json, write_safetensors
 
 MASK_ID, EOS_ID, BOS_ID = 100, 11, 1
 N_SPECIAL, BYTES_AT = 1000, 1000
@@ -61,30 +60,26 @@ def write_nemotron(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, original
     unknown = set(sizes) - set(TINY)
     if unknown:
         raise ValueError(f"not a size key: {sorted(unknown)}")
-    c.update({**TINY, **sizes, "block_size": block_size, "torch_dtype": _DTYPES[dtype]})
+    c.update({**TINY, **sizes, "block_size": block_size, "torch_dtype": DTYPE_NAMES[dtype]})
     c["rope_parameters"]["original_max_position_embeddings"] = original_max
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _dump(out / "config.json", c, sort_keys=True)
-    _dump(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+    write_json(out / "config.json", c, sort_keys=True)
+    write_json(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
                                            "transformers_version": "5.0.0"})
     w = _weights(c, seed, init_std, logit_scale)
     w["diffusion_head.weight"][BYTES_AT:BYTES_AT + favoured] *= favour_scale
-    _save(out, {k: v.to(dtype).contiguous() for k, v in w.items()})
+    # two shards of our own: embedding and layers; final norm and head
+    write_safetensors(out, {k: v.to(dtype) for k, v in w.items()},
+                      lambda k: 2 if k in ("encoder.norm.weight", "diffusion_head.weight") else 1)
     write_tokenizer(out)
     return out
 
 
 def _weights(c: dict, seed: int, std: float, logit_scale: float) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
+    mat, norm = normal_makers(torch.Generator().manual_seed(seed), std)
     d, hd, ffn = c["hidden_size"], c["head_dim"], c["intermediate_size"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-
-    def mat(*shape):
-        return torch.randn(*shape, generator=g) * std
-
-    def norm(n):
-        return 1.0 + 0.1 * torch.randn(n, generator=g)
 
     w = {"encoder.embed_tokens.weight": mat(c["vocab_size"], d)}
     for i in range(c["num_hidden_layers"]):
@@ -99,16 +94,6 @@ def _weights(c: dict, seed: int, std: float, logit_scale: float) -> dict[str, to
     w["encoder.norm.weight"] = norm(d)
     w["diffusion_head.weight"] = mat(c["vocab_size"], d) * logit_scale
     return w
-
-
-def _save(out: Path, w: dict) -> None:
-    """Two shards (embedding and layers; final norm and head) and model.safetensors.index.json."""
-    files = {k: "model-00002-of-00002.safetensors" if k in ("encoder.norm.weight", "diffusion_head.weight")
-             else "model-00001-of-00002.safetensors" for k in w}
-    for f in sorted(set(files.values())):
-        save_file({k: v for k, v in w.items() if files[k] == f}, str(out / f), metadata={"format": "pt"})
-    meta = {"total_size": sum(v.numel() * v.element_size() for v in w.values())}
-    _dump(out / "model.safetensors.index.json", {"metadata": meta, "weight_map": dict(sorted(files.items()))})
 
 
 def write_tokenizer(out: Path) -> None:
@@ -133,7 +118,7 @@ def write_adapter(out: Path, *, n_layers: int, hidden_size: int, q_out: int, r=1
     """`out/linear_spec_lora/`: a LoRA on every o_proj in PEFT's layout (A: r x q_out, B: d x r)."""
     lora = Path(out) / "linear_spec_lora"
     lora.mkdir(parents=True, exist_ok=True)
-    _dump(lora / "adapter_config.json", {
+    write_json(lora / "adapter_config.json", {
         "base_model_name_or_path": None, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
         "lora_alpha": alpha, "lora_dropout": 0.0, "peft_type": "LORA", "r": r, "target_modules": ["o_proj"],
         "task_type": None, "use_dora": False, "use_rslora": False})

@@ -23,13 +23,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-PUBLISHED = Path(__file__).resolve().parent / "published"
+from ..checkpoints.published import FOLDER as PUBLISHED
+from .files import DTYPE_NAMES, layer_shards, normal_makers, write_json, write_safetensors
+
 # model_type -> the checkpoint whose config.json is kept under PUBLISHED (fastdllm/checkpoints/published/README.md)
 PUBLISHED_DIRS = {"llada2_moe": "LLaDA2.1-mini", "llada_moe": "LLaDA-MoE-7B-A1B-Instruct",
                   "sdar_moe": "SDAR-30B-A3B-Chat"}            # its writer: tiny_sdar_moe.py
-BASE_TOKENIZER = Path(__file__).resolve().parent / "builtin" / "tiny-code" / "tokenizer.json"
+BASE_TOKENIZER = PUBLISHED.parent / "builtin" / "tiny-code" / "tokenizer.json"
 
 BASE_VOCAB = 4096                                   # tiny-code's BPE
 # Ling special tokens in the fixtures, ids from BASE_VOCAB on (the real ids of bos, the role markup and
@@ -72,9 +73,6 @@ LLADA_MOE_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}{%- endif -%}")
 
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
 def write_llada2_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert_bias_range=0.3,
                      expert_bias_dtype=torch.float32, sharded=True, dtype=torch.bfloat16, drop_keys=(),
                      **config) -> Path:
@@ -91,11 +89,11 @@ def write_llada2_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert
     if "rotary_dim" not in config:                                # ignored by H1; kept consistent
         c["rotary_dim"] = int(c["head_dim"] * c["partial_rotary_factor"])
     if "dtype" in c:
-        c["dtype"] = _DTYPES[dtype]
+        c["dtype"] = DTYPE_NAMES[dtype]
     if "torch_dtype" in c:
-        c["torch_dtype"] = _DTYPES[dtype]
+        c["torch_dtype"] = DTYPE_NAMES[dtype]
     g = torch.Generator().manual_seed(seed)
-    mat, norm = _makers(g, init_std)
+    mat, norm = normal_makers(g, init_std)
     d, H, KV, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     E, I, S = c["num_experts"], c["moe_intermediate_size"], c["num_shared_experts"]
     w = {"model.word_embeddings.weight": mat(c["vocab_size"], d)}
@@ -112,14 +110,14 @@ def write_llada2_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert
             w[p + "attention.dense.bias"] = mat(d)
         w[p + "post_attention_layernorm.weight"] = norm(d)
         if i < c["first_k_dense_replace"]:
-            w.update(_swiglu(p + "mlp.", mat, d, c["intermediate_size"]))
+            w.update(swiglu(p + "mlp.", mat, d, c["intermediate_size"]))
             continue
         w[p + "mlp.gate.weight"] = mat(E, d)
         w[p + "mlp.gate.expert_bias"] = _uniform(g, E, expert_bias_range).to(expert_bias_dtype)
         for j in range(E):
-            w.update(_swiglu(p + f"mlp.experts.{j}.", mat, d, I))
+            w.update(swiglu(p + f"mlp.experts.{j}.", mat, d, I))
         if S:                                                                    # None (or 0): no shared expert
-            w.update(_swiglu(p + "mlp.shared_experts.", mat, d, S * I))
+            w.update(swiglu(p + "mlp.shared_experts.", mat, d, S * I))
     w["model.norm.weight"] = norm(d)
     w["lm_head.weight"] = _head(mat(c["vocab_size"], d), logit_scale)
     return _write(out, c, w, dtype, sharded, LLADA2_CHAT_TEMPLATE)
@@ -144,9 +142,9 @@ def write_llada_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert_
     if "moe_layer_freq" not in config:
         c["moe_layer_freq"] = [1] * c["num_hidden_layers"]        # one entry per layer, 1 = MoE
     if "torch_dtype" in c:
-        c["torch_dtype"] = _DTYPES[dtype]
+        c["torch_dtype"] = DTYPE_NAMES[dtype]
     g = torch.Generator().manual_seed(seed)
-    mat, norm = _makers(g, init_std)
+    mat, norm = normal_makers(g, init_std)
     d, H, KV = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     hd, E = d // H, c["num_experts"]                              # no head_dim key: hidden / heads
     bias = c["attention_bias"]
@@ -166,11 +164,11 @@ def write_llada_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert_
             if c["moe_router_enable_expert_bias"]:
                 w[p + "mlp.expert_bias"] = _uniform(g, E, expert_bias_range).to(expert_bias_dtype)
             for j in range(E):
-                w.update(_swiglu(p + f"mlp.experts.{j}.", mat, d, c["expert_intermediate_size"]))
+                w.update(swiglu(p + f"mlp.experts.{j}.", mat, d, c["expert_intermediate_size"]))
         else:
-            w.update(_swiglu(p + "mlp.", mat, d, c["dense_intermediate_size"]))
+            w.update(swiglu(p + "mlp.", mat, d, c["dense_intermediate_size"]))
         if c["shared_expert_intermediate_size"] is not None:        # on the decoder layer, not under mlp
-            w.update(_swiglu(p + "shared_expert.", mat, d, c["shared_expert_intermediate_size"]))
+            w.update(swiglu(p + "shared_expert.", mat, d, c["shared_expert_intermediate_size"]))
     w["model.norm.weight"] = norm(d)
     w["lm_head.weight"] = _head(mat(c["vocab_size"], d), logit_scale)
     return _write(out, c, w, dtype, sharded, LLADA_MOE_CHAT_TEMPLATE)
@@ -199,20 +197,11 @@ def _config(family: str, overrides: dict, drop_keys, tiny: dict) -> dict:
     return dict(sorted(c.items()))                                # published order: alphabetical
 
 
-def _makers(g: torch.Generator, std: float):
-    def mat(*shape):
-        return torch.randn(*shape, generator=g) * std
-
-    def norm(n):
-        return 1.0 + 0.1 * torch.randn(n, generator=g)
-    return mat, norm
-
-
 def _uniform(g: torch.Generator, n: int, r: float) -> torch.Tensor:
     return (torch.rand(n, generator=g) * 2 - 1) * r
 
 
-def _swiglu(prefix: str, mat, d: int, ffn: int) -> dict:
+def swiglu(prefix: str, mat, d: int, ffn: int) -> dict:
     return {prefix + "gate_proj.weight": mat(ffn, d), prefix + "up_proj.weight": mat(ffn, d),
             prefix + "down_proj.weight": mat(d, ffn)}
 
@@ -228,32 +217,12 @@ def _head(head: torch.Tensor, logit_scale: float) -> torch.Tensor:
 def _write(out: Path, config: dict, w: dict, dtype, sharded: bool, chat_template: str) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _dump(out / "config.json", config)
-    _dump(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID})
-    _save(out, {k: v if k.endswith("expert_bias") else v.to(dtype) for k, v in w.items()}, sharded,
-          config["num_hidden_layers"])
+    write_json(out / "config.json", config)
+    write_json(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": EOS_ID})
+    write_safetensors(out, {k: v if k.endswith("expert_bias") else v.to(dtype) for k, v in w.items()},
+                      layer_shards(config["num_hidden_layers"], 3) if sharded else None)
     _tokenizer(out, chat_template)
     return out
-
-
-def _save(out: Path, w: dict, sharded: bool, n_layers: int, n_shards: int = 3) -> None:
-    """One model.safetensors, or n_shards files: embedding in the first, layers spread in order, final
-    norm and lm_head in the last (experts of one layer never split across shards)."""
-    w = {k: v.contiguous() for k, v in w.items()}
-    if not sharded:
-        save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
-        return
-
-    def shard(name):
-        if name.startswith("model.layers."):
-            return 1 + int(name.split(".")[2]) * n_shards // n_layers
-        return 1 if "embed" in name else n_shards
-
-    files = {k: f"model-{shard(k):05d}-of-{n_shards:05d}.safetensors" for k in w}
-    for f in sorted(set(files.values())):
-        save_file({k: v for k, v in w.items() if files[k] == f}, str(out / f), metadata={"format": "pt"})
-    total = sum(v.numel() * v.element_size() for v in w.values())
-    _dump(out / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": dict(sorted(files.items()))})
 
 
 def _tokenizer(out: Path, chat_template: str) -> None:
@@ -270,15 +239,12 @@ def _tokenizer(out: Path, chat_template: str) -> None:
     (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
     bos, eos, role, role_close, mask, role_end = LING_SPECIALS
     extra = [role, role_close, role_end]
-    _dump(out / "tokenizer_config.json", {
+    write_json(out / "tokenizer_config.json", {
         "add_bos_token": False, "add_eos_token": False,
         "added_tokens_decoder": {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in tok["added_tokens"]},
         "additional_special_tokens": extra, "bos_token": bos, "chat_template": chat_template,
         "clean_up_tokenization_spaces": False, "eos_token": eos, "mask_token": mask, "model_max_length": 32768,
         "pad_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"})
-    _dump(out / "special_tokens_map.json", {"additional_special_tokens": extra, "bos_token": bos, "eos_token": eos,
+    write_json(out / "special_tokens_map.json", {"additional_special_tokens": extra, "bos_token": bos, "eos_token": eos,
                                             "mask_token": mask, "pad_token": eos})
 
-
-def _dump(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

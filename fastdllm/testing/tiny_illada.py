@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .tiny_blockdiff import _DTYPES, _dump
-from .tiny_moe import _save
+from .files import DTYPE_NAMES, layer_shards, write_json, write_safetensors
 
 BOS_ID, PAD_ID, EOS_ID, MASK_ID = 0, 1, 2, 5
 # ids 0-5: the ids are second hand (T3, ANN), the spellings of 0-4 are ours [U]
@@ -57,19 +56,20 @@ def write_illada(out: Path, *, seed=0, init_std=0.5, embed_scale=1.0, qk_scale=1
         raise ValueError(f"not an illada config key: {sorted(unknown)}")
     c.update(TINY)
     c.update(config)
-    c["dtype"] = _DTYPES.get(dtype, str(dtype).removeprefix("torch."))     # float64 for exactness tests
+    c["dtype"] = DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))     # float64 for exactness tests
     for key in drop:
         del c[key]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _dump(out / "config.json", c)
-    _dump(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
+    write_json(out / "config.json", c)
+    write_json(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
                                            "transformers_version": "4.57.1"})            # [U] T3's ids
     write_tokenizer(out, think_tokens)
     w = _weights(c, torch.Generator().manual_seed(seed), init_std, embed_scale, qk_scale)
     if store_head:
         w["lm_head.weight"] = w["model.embed_tokens.weight"].clone()
-    _save(out, {k: v.to(dtype) for k, v in w.items()}, sharded, c["num_hidden_layers"])
+    write_safetensors(out, {k: v.to(dtype) for k, v in w.items()},
+                      layer_shards(c["num_hidden_layers"], 3) if sharded else None)
     return out
 
 
@@ -117,10 +117,10 @@ def write_tokenizer(out: Path, think_tokens: bool = True) -> None:
     added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                       "special": i < len(SPECIALS)}
              for i, t in [*enumerate(SPECIALS), *((len(vocab) + j, t) for j, t in enumerate(THINK) if think_tokens)]}
-    _dump(out / "tokenizer_config.json", {
+    write_json(out / "tokenizer_config.json", {
         "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": added, "bos_token": SPECIALS[BOS_ID],
         "clean_up_tokenization_spaces": False, "eos_token": SPECIALS[EOS_ID], "model_max_length": 8192,
         "pad_token": SPECIALS[PAD_ID], "tokenizer_class": "PreTrainedTokenizerFast"})
-    _dump(out / "special_tokens_map.json", {"bos_token": SPECIALS[BOS_ID], "eos_token": SPECIALS[EOS_ID],
+    write_json(out / "special_tokens_map.json", {"bos_token": SPECIALS[BOS_ID], "eos_token": SPECIALS[EOS_ID],
                                             "pad_token": SPECIALS[PAD_ID]})
 

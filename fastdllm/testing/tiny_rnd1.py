@@ -10,7 +10,7 @@ Dream-v0-Instruct-7B (151643 ids, identical in Qwen3), and the added tokens 1516
 Qwen3's own set. So id 151669, RND1's mask, is named by no token (config.json's mask_token_id says
 it); the base model ships no chat template (fastdllm chats with a plain transcript).
 
-Tensors: Qwen3-MoE names, every layer sparse (tiny_sdar_moe._weights), untied lm_head."""
+Tensors: Qwen3-MoE names, every layer sparse (tiny_sdar_moe.weights), untied lm_head."""
 
 from __future__ import annotations
 
@@ -19,31 +19,15 @@ from pathlib import Path
 
 import torch
 
-from .tiny_blockdiff import _DTYPES, _dump
-from .tiny_moe import _save
-from .tiny_sdar_moe import BPE_DIR, PUBLISHED_DIR, _weights
+from ..checkpoints.gguf_arch import rnd1_published_config as rnd1_config
+from .files import DTYPE_NAMES, layer_shards, write_json, write_safetensors
+from .tiny_sdar_moe import BPE_DIR, PUBLISHED_DIR, weights
 
-MASK_ID, EOS_ID, PAD_ID = 151669, 151645, 151643      # config.json: mask, <|im_end|>, <|endoftext|>
+MASK_ID, EOS_ID, PAD_ID = 151669, 151645, 151643      # config.json (rnd1_config): mask, <|im_end|>, <|endoftext|>
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 32, "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 8,
         "num_experts_per_tok": 3, "max_window_layers": 2}
 SIZE_KEYS = set(TINY)
-
-
-def rnd1_config() -> dict:
-    """config.json as RND1Config.to_dict() writes it: its constants, then its own keys."""
-    return {"architectures": ["RND1"], "attention_bias": False, "attention_dropout": 0.0,
-            "auto_map": {"AutoConfig": "configuration_rnd.RND1Config", "AutoModel": "modeling_rnd.RND1Model",
-                         "AutoModelForMaskedLM": "modeling_rnd.RND1LM"},
-            "decoder_sparse_step": 1, "dtype": "bfloat16", "eos_token_id": EOS_ID, "head_dim": 128,
-            "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
-            "is_causal": False, "mask_token_id": MASK_ID, "max_position_embeddings": 40960, "max_window_layers": 48,
-            "mlp_only_layers": [], "model_type": "rnd1", "moe_backend": "hf", "moe_intermediate_size": 768,
-            "norm_topk_prob": True, "num_attention_heads": 32, "num_diffusion_steps": 256, "num_experts": 128,
-            "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
-            "output_router_logits": False, "pad_token_id": PAD_ID, "rms_norm_eps": 1e-06, "rope_scaling": False,
-            "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": False,
-            "tie_word_embeddings": False, "use_cache": False, "use_sliding_window": False, "vocab_size": 151936}
 
 
 def write_rnd1(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, sharded=True, dtype=torch.bfloat16,
@@ -55,16 +39,17 @@ def write_rnd1(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, sharded=True
         raise ValueError(f"not an rnd1 config key: {sorted(unknown)}")
     c.update(TINY)
     c.update(config)
-    c["dtype"] = _DTYPES[dtype]
+    c["dtype"] = DTYPE_NAMES[dtype]
     for key in drop:
         del c[key]
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _dump(out / "config.json", c)
+    write_json(out / "config.json", c)
     _write_qwen3_tokenizer(out)
-    w = _weights(c, torch.Generator().manual_seed(seed), init_std, logit_scale)
-    _save(out, {k: v.to(dtype) for k, v in w.items()}, sharded, c["num_hidden_layers"])
+    w = weights(c, torch.Generator().manual_seed(seed), init_std, logit_scale)
+    write_safetensors(out, {k: v.to(dtype) for k, v in w.items()},
+                      layer_shards(c["num_hidden_layers"], 3) if sharded else None)
     return out
 
 
@@ -77,10 +62,10 @@ def _write_qwen3_tokenizer(out: Path) -> None:
     config["additional_special_tokens"].remove("<|MASK|>")
     for key in ("mask_token", "chat_template"):
         config.pop(key, None)
-    _dump(out / "tokenizer_config.json", config)
+    write_json(out / "tokenizer_config.json", config)
     added = json.loads((PUBLISHED_DIR / "added_tokens.json").read_text())
-    _dump(out / "added_tokens.json", {k: v for k, v in added.items() if v != MASK_ID})
+    write_json(out / "added_tokens.json", {k: v for k, v in added.items() if v != MASK_ID})
     special = json.loads((PUBLISHED_DIR / "special_tokens_map.json").read_text())
     special["additional_special_tokens"].remove("<|MASK|>")
     special.pop("mask_token", None)
-    _dump(out / "special_tokens_map.json", special)
+    write_json(out / "special_tokens_map.json", special)

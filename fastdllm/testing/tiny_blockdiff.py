@@ -20,11 +20,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from .files import DTYPE_NAMES, layer_shards, normal_makers, write_json, write_safetensors
 from .tiny_random import FIXTURES
-
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 # Added tokens shared by Qwen2.5 and Qwen3 (id, content, special), then each family's own.
 _QWEN2_ADDED = [(151643, "<|endoftext|>", True), (151644, "<|im_start|>", True), (151645, "<|im_end|>", True),
@@ -96,10 +94,10 @@ def write_fast_dllm_v2(out: Path, *, hidden_size=64, n_layers=2, n_heads=4, n_kv
         "max_position_embeddings": 32768, "max_window_layers": n_layers, "model_type": "Fast_dLLM_Qwen",
         "num_attention_heads": n_heads, "num_hidden_layers": n_layers, "num_key_value_heads": n_kv_heads,
         "pad_token_id": 151645, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
-        "sliding_window": None, "tie_word_embeddings": tie_word_embeddings, "torch_dtype": _DTYPES[dtype],
+        "sliding_window": None, "tie_word_embeddings": tie_word_embeddings, "torch_dtype": DTYPE_NAMES[dtype],
         "transformers_version": "4.53.1", "use_cache": True, "use_sliding_window": False, "vocab_size": vocab}
-    _dump(out / "config.json", config)
-    _dump(out / "generation_config.json", {
+    write_json(out / "config.json", config)
+    write_json(out / "generation_config.json", {
         "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
         "repetition_penalty": 1.05, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "transformers_version": "4.53.1"})
     hd = hidden_size // n_heads
@@ -110,10 +108,10 @@ def write_fast_dllm_v2(out: Path, *, hidden_size=64, n_layers=2, n_heads=4, n_kv
 
     src = Path(fixtures) / "Dream-v0-Instruct-7B"
     _qwen_bpe(src, out)
-    _dump(out / "added_tokens.json", {c: i for i, c, _ in V2_ADDED}, sort_keys=True)
-    _dump(out / "special_tokens_map.json", {"additional_special_tokens": [_tok("|<MASK>|")], "eos_token": _tok("<|im_end|>"),
+    write_json(out / "added_tokens.json", {c: i for i, c, _ in V2_ADDED}, sort_keys=True)
+    write_json(out / "special_tokens_map.json", {"additional_special_tokens": [_tok("|<MASK>|")], "eos_token": _tok("<|im_end|>"),
                                             "pad_token": _tok("<|endoftext|>")})
-    _dump(out / "tokenizer_config.json", {
+    write_json(out / "tokenizer_config.json", {
         "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": _decoder(V2_ADDED),
         "additional_special_tokens": ["|<MASK>|"], "bos_token": None, "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>", "errors": "replace", "extra_special_tokens": {}, "model_max_length": 131072,
@@ -150,10 +148,10 @@ def write_sdar(out: Path, *, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2
         "max_position_embeddings": 32768, "max_window_layers": n_layers, "micro_forward": False, "model_type": "sdar",
         "num_attention_heads": n_heads, "num_hidden_layers": n_layers, "num_key_value_heads": n_kv_heads,
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "skip_checkpoint": False,
-        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": _DTYPES[dtype],
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": DTYPE_NAMES[dtype],
         "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False, "use_sliding_window": False,
         "vocab_size": vocab})
-    _dump(out / "config.json", config)
+    write_json(out / "config.json", config)
     (out / "generation_config.json").write_text(json.dumps({
         "bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
         "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"}, indent=4))
@@ -164,11 +162,11 @@ def write_sdar(out: Path, *, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2
     _qwen_bpe(Path(fixtures) / "Dream-v0-Instruct-7B", out)
     added = {c: i for i, c, _ in SDAR_ADDED}
     added["<MASK>"] = added.pop("<|MASK|>")          # spelled <MASK> here and in special_tokens_map.json
-    _dump(out / "added_tokens.json", added, sort_keys=True)
+    write_json(out / "added_tokens.json", added, sort_keys=True)
     extra = [c for i, c, _ in SDAR_ADDED if 151644 <= i <= 151656]
-    _dump(out / "special_tokens_map.json", {"additional_special_tokens": extra + ["<MASK>"],
+    write_json(out / "special_tokens_map.json", {"additional_special_tokens": extra + ["<MASK>"],
                                             "eos_token": _tok("<|endoftext|>"), "pad_token": _tok("<|endoftext|>")})
-    _dump(out / "tokenizer_config.json", {
+    write_json(out / "tokenizer_config.json", {
         "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": _decoder(SDAR_ADDED),
         "additional_special_tokens": extra + ["<|MASK|>"],
         "auto_map": {"AutoTokenizer": ["tokenization_qwen2.Qwen2Tokenizer", None]}, "bos_token": None,
@@ -180,13 +178,7 @@ def write_sdar(out: Path, *, hidden_size=64, n_layers=2, n_heads=4, n_kv_heads=2
 
 
 def _weights(vocab, d, n_layers, q_out, kv_out, hd, ffn, *, bias, qk_norm, tied, seed, std, logit_scale):
-    g = torch.Generator().manual_seed(seed)
-
-    def mat(*shape):
-        return torch.randn(*shape, generator=g) * std
-
-    def norm(n):
-        return 1.0 + 0.1 * torch.randn(n, generator=g)
+    mat, norm = normal_makers(torch.Generator().manual_seed(seed), std)
 
     w = {"model.embed_tokens.weight": mat(vocab, d)}
     for i in range(n_layers):
@@ -214,24 +206,13 @@ def _save(out: Path, w: dict, dtype, sharded: bool, n_layers: int, n_body: int, 
           param_count: bool) -> None:
     """One model.safetensors, or the published sharding: embedding in shard 1, layers spread over
     shards 1..n_body, final norm in shard n_body, lm_head in shard n_body (SDAR) or alone after it (v2)."""
-    w = {k: v.to(dtype).contiguous() for k, v in w.items()}
-    if not sharded:
-        save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
-        return
-    n_shards = n_body + (1 if head_alone else 0)
+    layers = layer_shards(n_layers, n_body)
 
     def shard(name):
-        if name.startswith("model.layers."):
-            return 1 + int(name.split(".")[2]) * n_body // n_layers
-        return {"model.embed_tokens.weight": 1, "model.norm.weight": n_body, "lm_head.weight": n_shards}[name]
+        return n_body + 1 if head_alone and name == "lm_head.weight" else layers(name)
 
-    files = {k: f"model-{shard(k):05d}-of-{n_shards:05d}.safetensors" for k in w}
-    for f in sorted(set(files.values())):
-        save_file({k: v for k, v in w.items() if files[k] == f}, str(out / f), metadata={"format": "pt"})
-    meta = {"total_size": sum(v.numel() * v.element_size() for v in w.values())}
-    if param_count:
-        meta = {"total_parameters": sum(v.numel() for v in w.values()), **meta}
-    _dump(out / "model.safetensors.index.json", {"metadata": meta, "weight_map": dict(sorted(files.items()))})
+    write_safetensors(out, {k: v.to(dtype) for k, v in w.items()}, shard if sharded else None,
+                      total_parameters=param_count)
 
 
 def _qwen_bpe(src: Path, out: Path) -> None:
@@ -255,6 +236,3 @@ def _tok(content: str) -> dict:
 def _decoder(added) -> dict:
     return {str(i): dict(_tok(c), special=s) for i, c, s in added}
 
-
-def _dump(path: Path, obj, sort_keys=False) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=sort_keys) + "\n", encoding="utf-8")

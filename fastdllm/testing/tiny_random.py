@@ -12,12 +12,14 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints.published import FOLDER
 from ..models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from ..training import tokenizer as bpe
 
 # The real non-weight files of the published checkpoints (configs, tokenizers), shipped with the
-# package so that tiny checkpoints can be written from an installed fastdllm too.
-FIXTURES = Path(__file__).resolve().parent / "published"
+# package (fastdllm/checkpoints/published/) so that tiny checkpoints can be written from an installed
+# fastdllm too.
+FIXTURES = FOLDER
 
 
 def write_llada(out: Path, *, d_model=64, n_layers=2, n_heads=4, n_kv_heads=None, mlp_hidden_size=128,

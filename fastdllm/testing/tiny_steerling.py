@@ -11,11 +11,11 @@ the three chat ids and the chat template."""
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+from .files import DTYPE_NAMES, write_json, write_safetensors
 
 MERGES = [b"th", b"he", b"in", b"an", b"er", b"on", b" a", b"re", b"at", b"en", b"nd", b"is", b"it", b"ou",
           b"es", b"or", b"ed", b"to", b" t", b"the", b" the", b" and", b"ing", b" is"]
@@ -28,7 +28,6 @@ CHAT_TEMPLATE = ("{% for message in messages %}<|start_header_id|>{{ message['ro
 TINY = {"n_layers": 2, "n_head": 4, "n_kv_heads": 2, "n_embd": 64, "block_size": 256, "diff_block_size": 8,
         "intermediate_size": 48, "n_concepts": 20, "n_unknown_concepts": 40, "concept_dim": 64, "factorize_rank": 16,
         "topk_known": 4, "topk_known_features": 4, "unknown_topk": 8}
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
 
 
 def steerling_config(instruct: bool = False) -> dict:
@@ -67,19 +66,21 @@ def write_steerling(out: Path, *, seed=0, instruct=False, dtype=torch.float32, s
     if unknown:
         raise ValueError(f"not a steerling config key: {sorted(unknown)}")
     c.update(TINY, vocab_size=EOT + 1 if instruct else MASK + 1, pad_token_id=PAD, bos_token_id=BOS,
-             eos_token_id=EOS, mask_token_id=MASK, endofchunk_token_id=ENDOFCHUNK, torch_dtype=_DTYPES[dtype])
+             eos_token_id=EOS, mask_token_id=MASK, endofchunk_token_id=ENDOFCHUNK, torch_dtype=DTYPE_NAMES[dtype])
     if instruct:
         c.update(start_header_id=START_HEADER, end_header_id=END_HEADER, eot_id=EOT)
     c.update(config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _dump(out / "config.json", c)
-    _dump(out / "tokenizer_config.json", tokenizer_config(instruct))
+    write_json(out / "config.json", c)
+    write_json(out / "tokenizer_config.json", tokenizer_config(instruct))
     (out / "cl100k_base.tiktoken").write_text(rank_file())
     w = weights(c, torch.Generator().manual_seed(seed), qkv_scale)
     if eot_row is not None:
         w["transformer.tok_emb.weight"][c["eot_id"]] = eot_row
-    _save(out, {k: v.to(dtype) for k, v in w.items()}, sharded)
+    # sharded: two files (backbone, heads)
+    write_safetensors(out, {k: v.to(dtype) for k, v in w.items()},
+                      (lambda k: 1 if k.startswith("transformer.") else 2) if sharded else None)
     return out
 
 
@@ -133,21 +134,3 @@ def weights(c: dict, g: torch.Generator, qkv_scale: float) -> dict:
               "unknown_head.predictor_down.weight": rand(r, d, std=0.05),
               "unknown_head.predictor_up.weight": rand(unknown, r, std=0.05)})
     return w
-
-
-def _save(out: Path, w: dict, sharded: bool) -> None:
-    """One model.safetensors, or two shards (backbone, heads) with model.safetensors.index.json."""
-    w = {k: v.contiguous() for k, v in w.items()}
-    if not sharded:
-        save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
-        return
-    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    where = {k: names[0] if k.startswith("transformer.") else names[1] for k in w}
-    for name in names:
-        save_file({k: v for k, v in w.items() if where[k] == name}, str(out / name), metadata={"format": "pt"})
-    size = sum(v.numel() * v.element_size() for v in w.values())
-    _dump(out / "model.safetensors.index.json", {"metadata": {"total_size": size}, "weight_map": where})
-
-
-def _dump(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .tiny_blockdiff import _DTYPES, _dump
-from .tiny_moe import PUBLISHED, PUBLISHED_DIRS, _makers, _save, _swiglu
+from .files import DTYPE_NAMES, layer_shards, normal_makers, write_json, write_safetensors
+from .tiny_moe import PUBLISHED, PUBLISHED_DIRS, swiglu
 
 PUBLISHED_DIR = PUBLISHED / PUBLISHED_DIRS["sdar_moe"]
 BPE_DIR = PUBLISHED / "Dream-v0-Instruct-7B"        # vocab.json, merges.txt: the same bytes as SDAR-30B-A3B's
@@ -59,17 +59,18 @@ def write_sdar_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, sharded=
     c.update(config)
     if "max_window_layers" not in config:
         c["max_window_layers"] = c["num_hidden_layers"]      # published: = num_hidden_layers (48)
-    c["torch_dtype"] = _DTYPES[dtype]
+    c["torch_dtype"] = DTYPE_NAMES[dtype]
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _dump(out / "config.json", c)                            # the published key order (dicts keep it)
+    write_json(out / "config.json", c)                            # the published key order (dicts keep it)
     for name in COPIED:
         shutil.copyfile(PUBLISHED_DIR / name, out / name)
     for name in ("vocab.json", "merges.txt"):
         shutil.copyfile(BPE_DIR / name, out / name)
-    w = _weights(c, torch.Generator().manual_seed(seed), init_std, logit_scale)
-    _save(out, {k: v.to(dtype) for k, v in w.items()}, sharded, c["num_hidden_layers"])
+    w = weights(c, torch.Generator().manual_seed(seed), init_std, logit_scale)
+    write_safetensors(out, {k: v.to(dtype) for k, v in w.items()},
+                      layer_shards(c["num_hidden_layers"], 3) if sharded else None)
     return out
 
 
@@ -79,8 +80,8 @@ def is_sparse(c: dict, layer: int) -> bool:
             and (layer + 1) % c["decoder_sparse_step"] == 0)
 
 
-def _weights(c: dict, g: torch.Generator, std: float, logit_scale: float) -> dict:
-    mat, norm = _makers(g, std)
+def weights(c: dict, g: torch.Generator, std: float, logit_scale: float) -> dict:
+    mat, norm = normal_makers(g, std)
     d, H, KV, hd, E = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_experts"]
     w = {"model.embed_tokens.weight": mat(c["vocab_size"], d)}
     for i in range(c["num_hidden_layers"]):
@@ -93,9 +94,9 @@ def _weights(c: dict, g: torch.Generator, std: float, logit_scale: float) -> dic
         if is_sparse(c, i):
             w[p + "mlp.gate.weight"] = mat(E, d)                            # the router (E, d), no bias
             for j in range(E):
-                w.update(_swiglu(p + f"mlp.experts.{j}.", mat, d, c["moe_intermediate_size"]))
+                w.update(swiglu(p + f"mlp.experts.{j}.", mat, d, c["moe_intermediate_size"]))
         else:
-            w.update(_swiglu(p + "mlp.", mat, d, c["intermediate_size"]))
+            w.update(swiglu(p + "mlp.", mat, d, c["intermediate_size"]))
     w["model.norm.weight"] = norm(d)
     w["lm_head.weight"] = mat(c["vocab_size"], d) * logit_scale
     return w
