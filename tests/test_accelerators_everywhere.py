@@ -15,9 +15,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from serve_process import ServerProcess  # noqa: E402
-from test_chat import invoke as chat  # noqa: E402
 from cli_runner import invoke  # noqa: E402
-from test_eval import TASKS  # noqa: E402
+from helpers import TASKS  # noqa: E402
 from fastdllm.checkpoints.builtin import NAME as BUILTIN  # noqa: E402
 
 PROMPT = "def add(a, b):"
@@ -55,7 +54,7 @@ def test_a_request_decodes_as_generate_with_the_profile(server, profile):
 
 def test_chat_answers_as_generate_with_each_method(llada_dir):
     for profile in ("dus", "credit", "dpad", "dkv", "klass", "local-leap", "dllm-cache"):
-        r = chat("-m", llada_dir, "--dtype", "fp64", "-P", profile, "-n", "64", input="Hello there\n/bye\n")
+        r = invoke("chat", "-m", llada_dir, "--dtype", "fp64", "-P", profile, "-n", "64", input="Hello there\n/bye\n")
         assert r.exit_code == 0, (profile, r.stderr)
         g = invoke("generate", "-m", llada_dir, "--dtype", "fp64", "-P", profile, "-n", "64", "--json", "Hello there")
         assert g.exit_code == 0, (profile, g.stderr)

@@ -10,26 +10,20 @@ import sys
 from collections import Counter
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import invoke
 
 from fastdllm.bench import format as bench_format
 from fastdllm.bench import prompts
 from fastdllm.bench import runner as bench
 from fastdllm.bench.cases import CONFIGS, Sweep, expand, pick_rows
 from fastdllm.bench.runner import Measured, agreement, compare
-from fastdllm.cli.app import app
 from fastdllm.decode.profiles import find
 from fastdllm.errors import UsageError, UserError
 
 NO_ENV: dict = {}                     # isolate expansion from FASTDLLM_* variables of the shell
-runner = CliRunner()
 
 
 pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
-
-
-def invoke(*args):
-    return runner.invoke(app, ["bench", *map(str, args)], catch_exceptions=False)
 
 
 # --- sweep expansion -----------------------------------------------------------------------------
@@ -256,7 +250,7 @@ def test_positions_per_forward_are_the_spans_each_cache_mode_runs(llada64):
 
 def test_cli_bench_json_and_output_file(llada_dir, tmp_path):
     out = tmp_path / "r.csv"
-    r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--threshold", "0.5,0.9",
+    r = invoke("bench", "-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--threshold", "0.5,0.9",
                "--prompt-set", "code", "--n-prompts", "2", "--raw", "--warmup", "0", "--output", out)
     assert r.exit_code == 0, r.stderr
     assert "dual+parallel" in r.stdout and "t=0.5" in r.stdout and "same tok" in r.stdout   # table on stdout
@@ -273,7 +267,7 @@ def test_cli_quantized_rows_agree_with_the_same_row_unquantized(llada_dir, monke
 
     real, loads = cli_bench.load_model, []
     monkeypatch.setattr(cli_bench, "load_model", lambda path, **p: (loads.append(p), real(path, **p))[1])
-    r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--n-prompts", "2",
+    r = invoke("bench", "-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual+parallel", "--n-prompts", "2",
                "--raw", "--warmup", "0", "-r", "1", "--quantize", "8bit", "--dtype", "fp32", "-o", "jsonl")
     assert r.exit_code == 0, r.stderr
     one_device = {"device_map": "", "max_memory": ""}
@@ -307,7 +301,7 @@ def test_unquantized_agreement_is_against_the_same_case():
     (["--prompt-set", "code", "--prompts", "x.txt"], "not both"),
 ])
 def test_cli_usage_errors_are_one_line_exit_2(llada_dir, args, message):
-    r = invoke("-m", llada_dir, *args)
+    r = invoke("bench", "-m", llada_dir, *args)
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert r.stdout == ""
 
@@ -324,7 +318,7 @@ def test_ctrl_c_keeps_finished_rows(llada_dir, monkeypatch):
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(clock, "run", interrupted_on_third)
-    r = invoke("-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual,dual+parallel",
+    r = invoke("bench", "-m", llada_dir, "-n", "16", "--block-len", "8", "-c", "baseline,dual,dual+parallel",
                "--n-prompts", "1", "--warmup", "0", "-r", "1", "-o", "jsonl")
     assert r.exit_code == 130
     assert [json.loads(line)["config"] for line in r.stdout.splitlines()] == ["baseline", "dual"]

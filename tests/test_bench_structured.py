@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from test_bench import invoke  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 
 from fastdllm.bench import prompts  # noqa: E402
 from fastdllm.bench import runner as bench  # noqa: E402
@@ -48,7 +48,7 @@ def test_the_twin_row_decodes_what_the_engine_decodes_under_the_schema(llada64):
 
 def test_cli_rows_and_their_twins(tmp_path):
     out = tmp_path / "r.json"
-    r = invoke("-n", "64", "-c", "prefix+parallel", "-P", "dkv", "--n-prompts", "1", "--raw", "-r", "1",
+    r = invoke("bench", "-n", "64", "-c", "prefix+parallel", "-P", "dkv", "--n-prompts", "1", "--raw", "-r", "1",
                "--warmup", "0", "--regex", "[a-z]{1,5}", "--output", out)
     assert r.exit_code == 0, r.stderr
     records = json.loads(out.read_text())["records"]
@@ -71,7 +71,7 @@ def test_a_row_that_cannot_take_a_constraint_is_left_out_by_name():
     (("--regex", "a", "--prompt-set", "infill"), "not combined with infilling"),
 ])
 def test_a_bad_constraint_exits_2_with_one_line(args, message):
-    r = invoke("-n", "32", "-c", "prefix+parallel", "--n-prompts", "1", "-r", "1", "--warmup", "0", *args)
+    r = invoke("bench", "-n", "32", "-c", "prefix+parallel", "--n-prompts", "1", "-r", "1", "--warmup", "0", *args)
     assert r.exit_code == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr

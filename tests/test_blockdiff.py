@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import reference_blockdiff as ref
-import torch
 from cli_runner import invoke
+from helpers import QWEN_IDS, prompt_of
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
@@ -41,22 +41,18 @@ def v2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sdar_heavy_mask(sdar, tmp_path_factory):
     """SDAR with a mask token that takes real probability (tests/mask_heavy.py)."""
-    return _heavy(sdar[0], tmp_path_factory, prompt_of(5) + [sdar[0].specials.mask] * 16)
+    return _heavy(sdar[0], tmp_path_factory, prompt_of(5, **QWEN_IDS) + [sdar[0].specials.mask] * 16)
 
 
 @pytest.fixture(scope="module")
 def v2_heavy_mask(v2, tmp_path_factory):
-    return _heavy(v2[0], tmp_path_factory, prompt_of(33, seed=1) + [v2[0].specials.mask] * 64)
+    return _heavy(v2[0], tmp_path_factory, prompt_of(33, seed=1, **QWEN_IDS) + [v2[0].specials.mask] * 64)
 
 
 def _heavy(lm, tmp_path_factory, canvas):
     heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / lm.path.name, canvas)
     assert max_mask_probability(heavy, canvas) > 0.05          # the fixture does not hide the normaliser
     return heavy, ref.NaiveQwen(heavy.path)
-
-
-def prompt_of(length: int, seed: int = 0) -> list[int]:
-    return torch.randint(1000, 30000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def ours(lm, prompts, cfg):
@@ -96,7 +92,7 @@ def test_sdar_with_a_probable_mask_decodes_as_the_reference(sdar_heavy_mask, len
 
 def check_sdar(lm, naive, length, rule, per_block, threshold=0.7):
     ref.BANNED[:] = [lm.specials.mask]
-    prompt = prompt_of(length)
+    prompt = prompt_of(length, **QWEN_IDS)
     trace = ref.sdar_generate(naive, prompt, mask_id=lm.specials.mask, stop_ids=lm.specials.stops, gen_length=16,
                               block_length=4, denoising_steps=per_block, strategy=SDAR_RULES[rule], threshold=threshold)
     assert not trace.stopped                                   # the comparison covers whole canvases
@@ -127,7 +123,7 @@ def test_fast_dllm_v2_with_a_probable_mask_decodes_as_the_reference(v2_heavy_mas
 
 def check_v2(lm, naive, length, cache, seed=1):
     ref.BANNED[:] = [lm.specials.mask]
-    prompt = prompt_of(length, seed=seed)
+    prompt = prompt_of(length, seed=seed, **QWEN_IDS)
     cfg = DecodeConfig(gen_len=64, block_len=32, sub_block_len=8, rule="dynamic", threshold=0.7,
                        cache=cache, early_stop=False)
     steps, stored, result = ours(lm, [prompt], cfg)
@@ -152,7 +148,7 @@ def check_v2(lm, naive, length, cache, seed=1):
 def test_a_batch_decodes_each_row_as_alone(request, family, lengths, cfg, cache):
     lm, _ = request.getfixturevalue(family)
     cfg = DecodeConfig.from_dict({"cache": cache}, cfg)
-    prompts = [prompt_of(n, seed=i) for i, n in enumerate(lengths)]
+    prompts = [prompt_of(n, seed=i, **QWEN_IDS) for i, n in enumerate(lengths)]
     _, _, batch = ours(lm, prompts, cfg)
     for row, prompt in enumerate(prompts):
         _, _, alone = ours(lm, [prompt], cfg)
@@ -162,7 +158,7 @@ def test_a_batch_decodes_each_row_as_alone(request, family, lengths, cfg, cache)
 
 def test_early_stop_ends_at_the_stop_token_mid_block(v2, monkeypatch):
     lm, _ = v2
-    prompt = prompt_of(33, seed=1)
+    prompt = prompt_of(33, seed=1, **QWEN_IDS)
     cfg = DecodeConfig(gen_len=64, block_len=32, sub_block_len=8, rule="dynamic", threshold=0.7, early_stop=False)
     _, _, full = ours(lm, [prompt], cfg)
     stop_token = full.canvas[0, 5].item()                      # pretend the 6th token ends the answer
@@ -181,7 +177,7 @@ def test_sdar_entropy_bounded_fills_every_block(sdar):
     lm, _ = sdar
     cfg = DecodeConfig(gen_len=16, block_len=4, rule="entropy_bounded", confidence="neg_entropy",
                        entropy_budget=1.0, early_stop=False)
-    events = list(generate(lm.decoder, [prompt_of(5)], cfg))
+    events = list(generate(lm.decoder, [prompt_of(5, **QWEN_IDS)], cfg))
     steps = [e for e in events if isinstance(e, StepEvent) and e.step >= 0]
     for e in steps:
         spent = -e.confidences[0][e.committed[0]]

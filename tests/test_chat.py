@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import invoke
 
 from fastdllm.checkpoints import plain_chat
-from fastdllm.cli.app import app
 from fastdllm.decode import profiles
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.errors import UserError
@@ -177,10 +176,6 @@ def test_regen_stats_and_plain_transcript():
 
 # ---------------------------------------------------------------- through the CLI, piped
 
-def invoke(*args, input):
-    return CliRunner().invoke(app, ["chat", *map(str, args)], input=input, catch_exceptions=False)
-
-
 def test_scripted_session(llada_dir, tmp_path):
     script = f'''Hello there
 /set threshold 0.5
@@ -200,7 +195,7 @@ line
 /bye
 not sent: after /bye
 '''
-    r = invoke("-m", llada_dir, *SMALL, "--system", "Be brief.", input=script)
+    r = invoke("chat", "-m", llada_dir, *SMALL, "--system", "Be brief.", input=script)
     assert r.exit_code == 0, r.stderr
     s1, s2, s3, s4 = (saved(tmp_path / f"s{i}.json") for i in range(1, 5))
     answers = lambda s: said(s["messages"], "assistant")                     # noqa: E731
@@ -227,7 +222,7 @@ def test_context_trimming_and_too_long_message(llada_dir, llada64, tmp_path, mon
         return lm
     monkeypatch.setattr(loading, "load", small_context)
     script = f"one\ntwo\n{'word ' * 50}\nthree\n/save {tmp_path}/c.json\n"
-    r = invoke("-m", llada_dir, *SMALL, input=script)
+    r = invoke("chat", "-m", llada_dir, *SMALL, input=script)
     assert r.exit_code == 0, r.stderr
     assert r.stderr.count("dropped the 1 oldest turn to fit the context") == 2
     assert "message too long" in r.stderr and "Traceback" not in r.stderr
@@ -246,7 +241,7 @@ def test_interrupted_answer_is_not_kept(llada_dir, tmp_path, monkeypatch):
                 raise KeyboardInterrupt
             yield event
     monkeypatch.setattr(engine, "generate", interrupt_first)
-    r = invoke("-m", llada_dir, *SMALL, input=f"first\nsecond\n/save {tmp_path}/c.json\n")
+    r = invoke("chat", "-m", llada_dir, *SMALL, input=f"first\nsecond\n/save {tmp_path}/c.json\n")
     assert r.exit_code == 0 and "stopped: answer discarded" in r.stderr
     assert said(saved(tmp_path / "c.json")["messages"]) == ["second"]
 
@@ -258,7 +253,7 @@ def test_model_without_chat_template(llada_dir, tmp_path):
     config = json.loads((plain / "tokenizer_config.json").read_text())
     del config["chat_template"]
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
-    r = invoke("-m", plain, *SMALL, input=f"Hi\nAgain\n/save {tmp_path}/c.json\n")
+    r = invoke("chat", "-m", plain, *SMALL, input=f"Hi\nAgain\n/save {tmp_path}/c.json\n")
     assert r.exit_code == 0, r.stderr
     assert "has no chat template; using a plain 'User: / Assistant:' transcript" in r.stderr
     messages = saved(tmp_path / "c.json")["messages"]

@@ -7,12 +7,9 @@ import sys
 
 import pytest
 from cli_runner import invoke
-from typer.testing import CliRunner
+from helpers import SMALL
 
-from fastdllm.cli.app import app
 
-runner = CliRunner()
-SMALL = ["-n", "32", "--block-len", "16"]
 
 
 pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
@@ -207,7 +204,7 @@ def test_ctrl_c_exits_130_without_a_complete_answer(llada_dir, monkeypatch):
 
 def test_debug_shows_the_traceback():
     with pytest.raises(Exception, match="model directory not found"):
-        runner.invoke(app, ["--debug", "generate", "-m", "/nonexistent", "hi"], catch_exceptions=False)
+        invoke("--debug", "generate", "-m", "/nonexistent", "hi")
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import fake_quant
 from torch import nn
 
 from fastdllm.models import cpu_kernels
@@ -43,14 +44,6 @@ def weight_only(monkeypatch):
     """Int8Linear and Int4Linear built in the test run the weight-only kernels at every row count."""
     monkeypatch.setattr(cpu_kernels, "W8A8_ROWS", None)
     monkeypatch.setattr(cpu_kernels, "W4A8_ROWS", None)
-
-
-def fake_quant(x: torch.Tensor) -> torch.Tensor:
-    """The W8A8 definition's activations, float64: per row s = max|x| / 127 (fp32), q = round(x / s)
-    in fp32, clamped to +-127; returns q * s."""
-    xf = x.float()
-    s = (xf.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-30)
-    return torch.round(xf / s).clamp(-127, 127).double() * s.double()
 
 
 def close_to_kernel(y: torch.Tensor, ref: tuple, dtype) -> bool:

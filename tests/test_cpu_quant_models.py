@@ -10,8 +10,7 @@ import pytest
 import torch
 from conftest import VARIED
 from cli_runner import invoke
-from test_cli import SMALL
-from test_cpu_quant import fake_quant
+from helpers import SMALL, fake_quant
 from torch import nn
 
 from fastdllm.checkpoints import loading

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from helpers import TASKS, prompt_of
 from safetensors.torch import load_file
 
 from fastdllm.checkpoints import loading
@@ -42,9 +43,7 @@ def theirs(gemma_dir):
     # eager experts: transformers' default grouped kernel has no float64
     return HF.from_pretrained(gemma_dir, dtype=torch.float64, experts_implementation="eager").eval()
 
-
-def prompt_of(length: int) -> list[int]:
-    return torch.randint(110, 500, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+IDS = dict(seed=None, low=110, high=500)          # random prompts: ordinary ids of the tiny vocabulary
 
 
 def config(gen_len: int, **kw) -> DecodeConfig:
@@ -81,7 +80,7 @@ def test_special_tokens_and_template(ours):
 def test_encoder_and_decoder_logits_equal_transformers(ours, theirs, length):
     from transformers import DynamicCache
 
-    prompt = torch.tensor([prompt_of(length)])
+    prompt = torch.tensor([prompt_of(length, **IDS)])
     g = torch.Generator().manual_seed(length)
     canvas, second = torch.randint(0, 512, (1, C), generator=g), torch.randint(0, 512, (1, C), generator=g)
     previous = torch.randn(1, C, 512, generator=g, dtype=torch.float64)
@@ -110,7 +109,7 @@ def hf_generate(model, prompt: list[int], gen_len: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("length, gen_len, seed", [(5, C, 0), (11, 3 * C, 1), (3, 2 * C, 2), (20, 2 * C, 3)])
 def test_generate_equals_transformers_generate(ours, theirs, length, gen_len, seed):
-    prompt = prompt_of(length)
+    prompt = prompt_of(length, **IDS)
     expected = hf_generate(theirs, prompt, gen_len, seed)
     steps = []
     result = run(ours.decoder, [prompt], config(gen_len, seed=seed, early_stop=True),   # transformers stops
@@ -152,7 +151,7 @@ def inject(ours, theirs, monkeypatch, eos_at):
 def test_a_stable_confident_canvas_stops_as_in_transformers(ours, theirs, monkeypatch, stability, stop_at):
     inject(ours, theirs, monkeypatch, eos_at=None)
     monkeypatch.setattr(theirs.generation_config, "stability_threshold", stability)
-    prompt = prompt_of(6)
+    prompt = prompt_of(6, **IDS)
     expected = hf_generate(theirs, prompt, 2 * C, seed=4)
     result = run(ours.decoder, [prompt], config(2 * C, seed=4, stability_steps=stability))
     assert result.canvas[0].tolist() == expected
@@ -161,7 +160,7 @@ def test_a_stable_confident_canvas_stops_as_in_transformers(ours, theirs, monkey
 
 def test_an_end_token_inside_a_canvas_ends_the_answer(ours, theirs, monkeypatch):
     inject(ours, theirs, monkeypatch, eos_at=6 + C + 5)            # position 5 of the second canvas
-    prompt = prompt_of(6)
+    prompt = prompt_of(6, **IDS)
     expected = hf_generate(theirs, prompt, 4 * C, seed=5)
     assert len(expected) == 2 * C and expected[C + 5] == 1 and set(expected[C + 6:]) == {0}   # padded after it
     result = run(ours.decoder, [prompt], config(4 * C, seed=5, early_stop=True))
@@ -169,7 +168,7 @@ def test_an_end_token_inside_a_canvas_ends_the_answer(ours, theirs, monkeypatch)
 
 
 def test_a_batch_decodes_each_row_as_alone(ours):
-    prompts = [prompt_of(n) for n in (5, 11, 3)]
+    prompts = [prompt_of(n, **IDS) for n in (5, 11, 3)]
     cfg = config(2 * C, seed=7)
     batch = run(ours.decoder, prompts, cfg)
     for row, prompt in enumerate(prompts):
@@ -185,7 +184,7 @@ def test_a_stopped_row_waits_without_drawing(ours, monkeypatch):
         return logits
 
     monkeypatch.setattr(ours.model, "denoise", our_denoise)
-    prompts = [prompt_of(6), prompt_of(9)]
+    prompts = [prompt_of(6, **IDS), prompt_of(9, **IDS)]
     batch = run(ours.decoder, prompts, config(C, seed=8))
     assert batch.steps == [[2], [STEPS]]
     assert batch.canvas[0].tolist() == run(ours.decoder, prompts[:1], config(C, seed=8)).canvas[0].tolist()
@@ -270,7 +269,6 @@ def test_bench_rows_vary_the_sampler(gemma_dir, ours):
 def test_eval_runs_generation_tasks_and_refuses_likelihood(gemma_dir, tmp_path):
     pytest.importorskip("lm_eval")
     from cli_runner import invoke
-    from test_eval import TASKS
 
     out = tmp_path / "r.json"
     r = invoke("eval", "-m", gemma_dir, "--dtype", "fp64", "--include-path", TASKS, "--tasks", "tiny_next_line",

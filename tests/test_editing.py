@@ -13,6 +13,7 @@ import pytest
 import reference_editing as edit_ref
 import reference_moe as ref
 import torch
+from helpers import prompt_of
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
@@ -32,16 +33,12 @@ def models(tmp_path_factory):
     row takes real probability (tests/mask_heavy.py)."""
     path = write_llada2_moe(tmp_path_factory.mktemp("ckpt") / "llada2")
     lm = loading.load(path, dtype="fp64")
-    canvas = prompt_of(5) + [lm.specials.mask] * 32
+    canvas = prompt_of(5, seed=None) + [lm.specials.mask] * 32
     heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / "llada2", canvas)
     assert max_mask_probability(heavy, canvas) > 0.05
     ref.BANNED[:] = [lm.specials.mask]                     # fastdllm never predicts the mask id
     yield {"llada2": (lm, ref.NaiveLLaDA2(path)), "heavy": (heavy, ref.NaiveLLaDA2(heavy.path))}
     ref.BANNED[:] = []
-
-
-def prompt_of(length: int) -> list[int]:
-    return torch.randint(10, 4000, (length,), generator=torch.Generator().manual_seed(length)).tolist()
 
 
 def config(gen_len=32, threshold=0.7, edit=0.5, post=16, cache="prefix", early_stop=False) -> DecodeConfig:
@@ -81,7 +78,7 @@ def test_editing_decodes_as_its_generate(models, name, length, gen_len, threshol
     """The same masks committed and tokens edited at every step, post-fill rounds included, under
     every cache mode; NFE = the reference's forwards + the store passes of blocks that ended on the budget."""
     lm, naive = models[name]
-    prompt = prompt_of(length)
+    prompt = prompt_of(length, seed=None)
     trace = reference(naive, lm, prompt, gen_len, threshold, edit, post)
     expected = [(s.committed, s.edited) for s in trace.steps]
     for cache in ("prefix", "none", "dual"):
@@ -98,7 +95,7 @@ def test_the_cases_cover_what_editing_does(models):
     seen = {"mid-fill": 0, "post-fill": 0, "re-edit": 0, "no-change": 0, "budget": 0}
     for name, length, gen_len, threshold, edit, post in CASES:
         lm, naive = models[name]
-        trace = reference(naive, lm, prompt_of(length), gen_len, threshold, edit, post)
+        trace = reference(naive, lm, prompt_of(length, seed=None), gen_len, threshold, edit, post)
         edited_before = set()
         for s in trace.steps:
             seen["post-fill" if s.post else "mid-fill"] += len(s.edited)
@@ -113,7 +110,7 @@ def test_the_cases_cover_what_editing_does(models):
 def test_batch_equals_rows_alone(models):
     """Rows of different prompt lengths (left-padded by whole blocks) decode as alone, edits included."""
     lm, _ = models["llada2"]
-    prompts = [prompt_of(n) for n in (5, 33, 40)]
+    prompts = [prompt_of(n, seed=None) for n in (5, 33, 40)]
     cfg = config(gen_len=64, threshold=0.5, edit=0.0, post=4)
     steps, _, batch = decode(lm, prompts, cfg)
     total = 0
@@ -131,7 +128,7 @@ def test_edit_threshold_one_never_edits(models):
     """p > 1 never holds: the tokens of decoding without editing, one post-fill round per block (its
     no-change exit), whose forward stores the block: NFE one more than without editing."""
     lm, _ = models["llada2"]
-    prompt = prompt_of(11)
+    prompt = prompt_of(11, seed=None)
     plain = run(lm.decoder, [prompt], config(gen_len=64, edit=None))
     never = run(lm.decoder, [prompt], config(gen_len=64, edit=1.0))
     assert never.canvas.tolist() == plain.canvas.tolist() and never.edits == plain.edits == 0
@@ -142,7 +139,7 @@ def test_early_stop_waits_for_the_block_end(models):
     """A stop token can be edited away: with editing the answer is checked after each block (never
     mid-block), and the answer up to the stop is the one decoded without early stop."""
     lm, naive = models["llada2"]
-    prompt = prompt_of(5)
+    prompt = prompt_of(5, seed=None)
     full = reference(naive, lm, prompt, 96, 0.5, 0.0, 4)
     stop = full.canvas[5 + 40]                                  # a token the model writes in block 1
     decoder = replace(lm.decoder, specials=replace(lm.decoder.specials, stops=(stop,)))
@@ -225,7 +222,7 @@ def test_serve_takes_editing_per_request(models):
 
     lm, _ = models["llada2"]
     server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})
-    body = {"model": lm.path.name, "prompt": prompt_of(9), "max_tokens": 64}
+    body = {"model": lm.path.name, "prompt": prompt_of(9, seed=None), "max_tokens": 64}
     assert prepare_completion(body, server).cfg.edit_threshold is None
     assert prepare_completion({**body, "fastdllm": {"profile": "llada2-quality"}}, server).cfg.edit_threshold == 0.5
     cfg = prepare_completion({**body, "fastdllm": {"edit_threshold": 0.0, "max_post_steps": 4, "threshold": 0.5,
@@ -233,7 +230,7 @@ def test_serve_takes_editing_per_request(models):
     assert (cfg.edit_threshold, cfg.max_post_steps) == (0.0, 4)
     done, got = threading.Semaphore(0), {}
     sched = Scheduler(lm.decoder, max_batch=4)
-    prompts = {f"r{n}": prompt_of(n) for n in (9, 33, 40)}
+    prompts = {f"r{n}": prompt_of(n, seed=None) for n in (9, 33, 40)}
     for name, prompt in prompts.items():
         sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
                          (got.__setitem__(n, u), done.release())))

@@ -14,6 +14,7 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 from cli_runner import invoke  # noqa: E402
+from helpers import TASKS, one_error  # noqa: E402
 
 from fastdllm.testing.tiny_blockdiff import write_sdar  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
@@ -22,7 +23,6 @@ from fastdllm.errors import UserError  # noqa: E402
 from fastdllm.eval.harness import FastdllmLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ROOT / "tests" / "eval_task"
 ROWS = [json.loads(line) for line in (TASKS / "tiny.jsonl").read_text().splitlines()]
 CFG = DecodeConfig(gen_len=32, block_len=8, cache="dual", threshold=0.7)
 
@@ -151,12 +151,6 @@ def test_eval_runs_tasks_and_profiles_side_by_side(llada_dir, tmp_path):
 def test_eval_mistakes_are_one_line_errors(llada_dir, args, code, words):
     r = invoke("eval", "-m", llada_dir, "--include-path", TASKS, "--limit", "1", *args)
     assert r.exit_code == code and one_error(r.stderr, words), r.stderr
-
-
-def one_error(stderr: str, words: str) -> bool:
-    """The run ended with one `error:` line holding `words`, and no traceback."""
-    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    return len(errors) == 1 and words in errors[0] and "Traceback" not in stderr
 
 
 @pytest.mark.slow

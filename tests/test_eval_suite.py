@@ -15,7 +15,7 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 from cli_runner import invoke  # noqa: E402
-from test_eval import one_error  # noqa: E402
+from helpers import TASKS, one_error  # noqa: E402
 
 from fastdllm.bench import suite as bench_suite  # noqa: E402
 from fastdllm.bench.cases import Sweep  # noqa: E402
@@ -26,7 +26,6 @@ from fastdllm.eval import tasks  # noqa: E402
 from fastdllm.eval.harness import FastdllmLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ROOT / "tests" / "eval_task"
 NO_FLAGS = {f.name: None for f in fields(DecodeConfig)}
 PAPER = ["baseline", "parallel", "parallel-factor", "prefix", "dual", "dual+parallel", "dual+factor"]
 ROWS = [*PAPER, "fast"]                      # the CLI test's rows at each length: the suite's, then a profile

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from helpers import SMALL
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.locate import resolve_model_dir
@@ -184,7 +185,6 @@ def test_cli_info_on_a_gguf_file(llada_dir, files):
 
 def test_cli_generate_on_a_gguf_file_gives_the_folders_answer(llada_dir, files):
     from cli_runner import invoke
-    from test_cli import SMALL
 
     args = ["generate", *SMALL, "--dtype", "fp32", "--threshold", "0.7", "--json", "Hello there"]
     got = invoke(*args[:1], "-m", files["F32"], *args[1:])

@@ -10,6 +10,8 @@ import json
 
 import pytest
 import torch
+from cli_runner import invoke
+from helpers import SMALL
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.locate import resolve_model_dir
@@ -248,7 +250,6 @@ def test_int4_on_a_gpu_is_one_line():
 
 
 def test_cli_generate_and_info_on_a_q4_k_m_file(files):
-    from test_cli import SMALL, invoke
 
     r = invoke("generate", "-m", files["Q4_K_M"], *SMALL, "--json", "Hello there")
     assert r.exit_code == 0, r.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import typer
-from typer.testing import CliRunner
+from cli_runner import invoke
 
 from fastdllm.checkpoints import catalog
 from fastdllm.cli.app import FAMILIES, app
@@ -16,10 +16,6 @@ FAMILY_NAMES = {"llada": "LLaDA", "Dream": "Dream", "Fast_dLLM_Qwen": "Fast-dLLM
                 "llada2_moe": "LLaDA2.x", "rnd1": "RND1", "diffusion_gemma": "DiffusionGemma",
                 "nemotron_labs_diffusion": "Nemotron-Labs Diffusion", "steerling": "Steerling", "illada": "iLLaDA"}
 WIDE = {"COLUMNS": "2000", "TERMINAL_WIDTH": "2000"}      # no wrapping: a line break is the text's own
-
-
-def run(*args, env=None):
-    return CliRunner().invoke(app, [str(a) for a in args], env=env)
 
 
 def commands() -> dict:
@@ -34,18 +30,18 @@ def commands() -> dict:
 def test_help_names_every_family_of_the_catalog():
     families = {entry.family for entry in catalog.entries().values()}
     assert families <= set(FAMILY_NAMES), f"name a new family in FAMILY_NAMES and cli/app.py: {families - set(FAMILY_NAMES)}"
-    text = " ".join(run("--help", env=WIDE).stdout.split())
+    text = " ".join(invoke("--help", env=WIDE).stdout.split())
     assert f"({FAMILIES};" in text and all(FAMILY_NAMES[f] in FAMILIES for f in families)
 
 
 def test_version():
-    r = run("--version")
+    r = invoke("--version")
     assert r.exit_code == 0 and r.stdout.startswith("fastdllm ") and len(r.stdout.splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", ["", *commands()])
 def test_help_shows_no_bool_and_breaks_no_sentence(name):
-    r = run(*name.split(), "--help", env=WIDE)
+    r = invoke(*name.split(), "--help", env=WIDE)
     assert r.exit_code == 0, r.output
     assert "<bool>" not in r.stdout
     # at 2000 columns each command's summary and this command's description are one line each
@@ -75,21 +71,21 @@ def test_one_output_convention():
     (["eval", "--tasks", "x", "-o", "md", "--limit", "0"], "--limit 0"),
 ])
 def test_old_o_format_still_picks_the_format_with_a_note(args, stop):
-    r = run(*args)
+    r = invoke(*args)
     assert r.exit_code == 2 and stop in r.stderr
     assert "note: -o md is read as --format md for this release only" in " ".join(r.stderr.split())
 
 
 @pytest.mark.parametrize("command", ["bench", "eval"])
 def test_o_names_a_file(command, tmp_path):
-    r = run(command, *(["--tasks", "x"] if command == "eval" else []), "-o", tmp_path / "results")
+    r = invoke(command, *(["--tasks", "x"] if command == "eval" else []), "-o", tmp_path / "results")
     assert r.exit_code == 2 and "cannot tell the format of" in r.stderr and "pass --format" in r.stderr
-    r = run(command, *(["--tasks", "x"] if command == "eval" else []), "--format", "xml")
+    r = invoke(command, *(["--tasks", "x"] if command == "eval" else []), "--format", "xml")
     assert r.exit_code == 2 and "--format xml: expected one of" in r.stderr
 
 
 def test_analyze_o_and_the_old_capital_o(tmp_path):
-    r = run("analyze", "-O", tmp_path / "a.html", "--prompt-set", "infill")    # refused before loading
+    r = invoke("analyze", "-O", tmp_path / "a.html", "--prompt-set", "infill")    # refused before loading
     assert "note: -O is -o now" in r.stderr and "the infill set fills holes" in r.stderr
-    r = run("analyze", "-o", tmp_path / "a.html", "--prompt-set", "infill")
+    r = invoke("analyze", "-o", tmp_path / "a.html", "--prompt-set", "infill")
     assert r.exit_code == 2 and "note:" not in r.stderr

@@ -12,6 +12,7 @@ import shutil
 import pytest
 import reference_moe as ref
 import torch
+from helpers import prompt_of
 from mask_heavy import heavy_copy, max_mask_probability
 from cli_runner import invoke
 
@@ -60,10 +61,6 @@ def checkpoints(tmp_path_factory):
         ref.BANNED[:] = [made[name][0].specials.mask]         # fastdllm never predicts the mask id (Q5)
         return made[name]
     return get
-
-
-def prompt_of(length: int, seed: int = 0) -> list[int]:
-    return torch.randint(10, 4000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def our_logits(lm, ids: list[int]) -> tuple[torch.Tensor, list]:

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 import reference_nemotron as ref
+from helpers import BYTE_IDS, prompt_of, upto_stop
 
 from fastdllm.checkpoints.loading import load
 from fastdllm.testing.tiny_nemotron import TINY, write_adapter, write_nemotron
@@ -44,17 +45,9 @@ def naive(tiny_dir):
     return W, cfg, ref.load_lora(tiny_dir)
 
 
-def prompt(n: int) -> list[int]:
-    return torch.randint(1000, 1256, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-
-
 def decode(decoder, prompts, **kw):
     events = list(generate(decoder, prompts, DecodeConfig(gen_len=G, block_len=L, cache="prefix", **kw)))
     return [e for e in events if not isinstance(e, Result)], events[-1]
-
-
-def upto_stop(ids: list[int], stop: int) -> list[int]:
-    return ids[:ids.index(stop)] if stop in ids else ids
 
 
 def test_adapter_layout(tiny_dir):
@@ -66,14 +59,14 @@ def test_adapter_layout(tiny_dir):
 @pytest.mark.parametrize("n", [16, 21, 37])
 def test_ar_generate(lm, naive, n):
     W, cfg, _ = naive
-    _, result = decode(lm.decoder, [prompt(n)], mode="ar")
-    out, nfe = ref.ar_generate(W, cfg, torch.tensor([prompt(n)]), G)
+    _, result = decode(lm.decoder, [prompt_of(n, **BYTE_IDS)], mode="ar")
+    out, nfe = ref.ar_generate(W, cfg, torch.tensor([prompt_of(n, **BYTE_IDS)]), G)
     assert result.ids[0] == upto_stop(out[0, n:].tolist(), cfg["eos_token_id"])
     assert result.nfe == nfe == G
 
 
 def test_ar_batch_rows_equal_rows_alone(lm):
-    prompts = [prompt(16), prompt(21), prompt(9)]
+    prompts = [prompt_of(16, **BYTE_IDS), prompt_of(21, **BYTE_IDS), prompt_of(9, **BYTE_IDS)]
     _, batched = decode(lm.decoder, prompts, mode="ar")
     for r, p in enumerate(prompts):
         assert batched.ids[r] == decode(lm.decoder, [p], mode="ar")[1].ids[0]
@@ -83,8 +76,8 @@ def test_ar_batch_rows_equal_rows_alone(lm):
 @pytest.mark.parametrize("rule, threshold", [("fixed", 0.0), ("threshold", 0.3)])
 def test_self_spec_round_by_round(lm, naive, n, rule, threshold):
     W, cfg, lora = naive
-    events, result = decode(lm.decoder, [prompt(n)], mode="self_spec", rule=rule, threshold=threshold or 0.9)
-    out, nfe, trace = ref.linear_spec_generate(W, cfg, torch.tensor([prompt(n)]), G, L, threshold, lora)
+    events, result = decode(lm.decoder, [prompt_of(n, **BYTE_IDS)], mode="self_spec", rule=rule, threshold=threshold or 0.9)
+    out, nfe, trace = ref.linear_spec_generate(W, cfg, torch.tensor([prompt_of(n, **BYTE_IDS)]), G, L, threshold, lora)
     assert result.ids[0] == upto_stop(out[0, n:].tolist(), cfg["eos_token_id"])[:G]
     assert result.nfe == nfe
     rounds = [e for e in events if isinstance(e, BlockEvent)]
@@ -98,13 +91,13 @@ def test_self_spec_round_by_round(lm, naive, n, rule, threshold):
 
 def test_self_spec_accepts_several_and_the_adapter_matters(lm, naive):
     W, cfg, lora = naive
-    _, _, trace = ref.linear_spec_generate(W, cfg, torch.tensor([prompt(21)]), G, L, 0.0, lora)
+    _, _, trace = ref.linear_spec_generate(W, cfg, torch.tensor([prompt_of(21, **BYTE_IDS)]), G, L, 0.0, lora)
     assert max(a for _, a in trace) > 1                    # drafts were kept, not only bonus tokens
-    _, _, plain = ref.linear_spec_generate(W, cfg, torch.tensor([prompt(21)]), G, L, 0.0, None)
+    _, _, plain = ref.linear_spec_generate(W, cfg, torch.tensor([prompt_of(21, **BYTE_IDS)]), G, L, 0.0, None)
     assert [b.tolist() for b, _ in plain] != [b.tolist() for b, _ in trace]
     lm.model.lora, kept = None, lm.model.lora
     try:
-        events, _ = decode(lm.decoder, [prompt(21)], mode="self_spec", rule="fixed")
+        events, _ = decode(lm.decoder, [prompt_of(21, **BYTE_IDS)], mode="self_spec", rule="fixed")
     finally:
         lm.model.lora = kept
     assert [e.end - e.start for e in events if isinstance(e, BlockEvent)] == [a for _, a in plain][:len(plain)]
@@ -112,15 +105,15 @@ def test_self_spec_accepts_several_and_the_adapter_matters(lm, naive):
 
 def test_self_spec_stops_at_the_first_stop(lm, naive):
     W, cfg, lora = naive
-    _, first = decode(lm.decoder, [prompt(21)], mode="self_spec", rule="fixed")
+    _, first = decode(lm.decoder, [prompt_of(21, **BYTE_IDS)], mode="self_spec", rule="fixed")
     stop = first.ids[0][10]
-    out, nfe, _ = ref.linear_spec_generate(W, {**cfg, "eos_token_id": stop}, torch.tensor([prompt(21)]), G, L, 0.0, lora)
+    out, nfe, _ = ref.linear_spec_generate(W, {**cfg, "eos_token_id": stop}, torch.tensor([prompt_of(21, **BYTE_IDS)]), G, L, 0.0, lora)
     decoder = replace(lm.decoder, specials=replace(lm.decoder.specials, stops=(stop,)))
-    _, result = decode(decoder, [prompt(21)], mode="self_spec", rule="fixed")
+    _, result = decode(decoder, [prompt_of(21, **BYTE_IDS)], mode="self_spec", rule="fixed")
     assert result.ids[0] == upto_stop(out[0, 21:].tolist(), stop) and result.nfe == nfe
     assert len(result.ids[0]) < 10 + 1
 
 
 def test_self_spec_is_one_prompt_at_a_time(lm):
     with pytest.raises(UserError, match="one prompt at a time"):
-        decode(lm.decoder, [prompt(5), prompt(6)], mode="self_spec")
+        decode(lm.decoder, [prompt_of(5, **BYTE_IDS), prompt_of(6, **BYTE_IDS)], mode="self_spec")

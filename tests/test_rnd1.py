@@ -17,7 +17,7 @@ import reference_rnd1 as ref
 import torch
 from mask_heavy import heavy_copy, max_mask_probability
 from cli_runner import invoke
-from test_blockdiff import prompt_of
+from helpers import QWEN_IDS, prompt_of
 
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_rnd1 import (
@@ -44,7 +44,7 @@ def checkpoints(tmp_path_factory):
     def get(name):
         if name not in made and name == HEAVY:
             lm, _ = get("main")
-            canvas = prompt_of(5) + [MASK_ID] * 12 + [PAD_ID]
+            canvas = prompt_of(5, **QWEN_IDS) + [MASK_ID] * 12 + [PAD_ID]
             heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / name, canvas)
             assert max_mask_probability(heavy, canvas) > 0.05          # the normaliser is not hidden
             made[name] = (heavy, ref.NaiveRND1(heavy.path))
@@ -163,7 +163,7 @@ def test_the_naive_forward_is_transformers_qwen3_moe_unmasked(checkpoints):
     state |= {k: torch.stack([v[j] for j in range(len(v))]) for k, v in experts.items()}
     model = model.double().eval()
     model.load_state_dict(state, strict=True)
-    ids = prompt_of(12)
+    ids = prompt_of(12, **QWEN_IDS)
     with torch.no_grad():
         theirs = model(torch.tensor([ids]), attention_mask=torch.ones(1, 1, 12, 12, dtype=torch.bool)).logits[0]
     # transformers keeps RoPE, RMSNorm and the router softmax in float32
@@ -172,7 +172,7 @@ def test_the_naive_forward_is_transformers_qwen3_moe_unmasked(checkpoints):
 
 def test_logits_and_router_decisions_equal_the_reference(checkpoints):
     lm, naive = checkpoints("main")
-    ids = prompt_of(9, seed=3) + [MASK_ID] * 8 + [PAD_ID]
+    ids = prompt_of(9, seed=3, **QWEN_IDS) + [MASK_ID] * 8 + [PAD_ID]
     routes = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: routes.append(out))
              for name, m in lm.model.named_modules() if name.endswith("mlp.gate")]
@@ -199,7 +199,7 @@ def test_generate_as_the_authors(checkpoints, new, steps):
     """RND1's generate: prompt, new - 1 masks, the reserved last slot (pad), the entropy schedule;
     (23, 22): 22 masks in 22 steps, a step where the authors' float32 schedule unmasks two and the next one none."""
     lm, naive = checkpoints("main")
-    prompt = prompt_of(6, seed=new)
+    prompt = prompt_of(6, seed=new, **QWEN_IDS)
     x, maskable = ref.canvas(prompt, seq_len=len(prompt) + new, mask=MASK_ID, pad=PAD_ID, eos=EOS_ID)
     assert x[-1] == PAD_ID and sum(maskable) == new - 1
     got = check(lm, naive, x, maskable, steps)
@@ -212,7 +212,7 @@ def test_the_entropy_bound_as_the_authors(checkpoints, steps, temperature):
     """eb_gamma: most probable first, their entropies less the largest bounded; what is left at step
     S takes its prediction. A tighter bound takes more steps; 3 steps end on the fill."""
     lm, naive = checkpoints("main")
-    prompt = prompt_of(6, seed=steps)
+    prompt = prompt_of(6, seed=steps, **QWEN_IDS)
     x, maskable = ref.canvas(prompt, seq_len=len(prompt) + 13, mask=MASK_ID, pad=PAD_ID, eos=EOS_ID)
     sizes = {gamma: [len(s) for s in check(lm, naive, x, maskable, steps, temperature=temperature, seed=5,
                                            eb_gamma=gamma)] for gamma in (0.05, 1.0, 20.0)}
@@ -224,7 +224,7 @@ def test_the_entropy_bound_as_the_authors(checkpoints, steps, temperature):
 
 def test_the_eos_at_the_end_and_a_probable_mask(checkpoints):
     lm, naive = checkpoints("main")
-    prompt = prompt_of(5)
+    prompt = prompt_of(5, **QWEN_IDS)
     x, maskable = ref.canvas(prompt, seq_len=18, mask=MASK_ID, pad=PAD_ID, eos=EOS_ID, add_eos_at_end=True)
     assert x[-1] == EOS_ID
     check(lm, naive, x, maskable, 12)
@@ -238,7 +238,7 @@ def test_the_eos_at_the_end_and_a_probable_mask(checkpoints):
 def test_prefix_suffix_infilling_as_the_authors(checkpoints, steps):
     """generate(prefix, suffix, infill_length=11): prefix, 10 masks, suffix, the reserved pad."""
     lm, naive = checkpoints("main")
-    prefix, suffix = prompt_of(4, seed=1), prompt_of(5, seed=2)
+    prefix, suffix = prompt_of(4, seed=1, **QWEN_IDS), prompt_of(5, seed=2, **QWEN_IDS)
     x, maskable = ref.canvas(prefix, suffix=suffix, seq_len=4 + 11 + 5, infill_length=11, mask=MASK_ID,
                              pad=PAD_ID, eos=EOS_ID)
     assert x[4:14] == [MASK_ID] * 10 and x[14:19] == suffix and x[19] == PAD_ID
@@ -248,7 +248,7 @@ def test_prefix_suffix_infilling_as_the_authors(checkpoints, steps):
 def test_the_engines_own_canvas_runs_the_same_sampler(checkpoints):
     """`fastdllm generate` without the reserved slot: prompt and gen_len masks, the same loop."""
     lm, naive = checkpoints("main")
-    prompt = prompt_of(7, seed=4)
+    prompt = prompt_of(7, seed=4, **QWEN_IDS)
     got, result = ours(lm, prompt, None, config(10, 5))
     x, maskable = prompt + [MASK_ID] * 10, [False] * 7 + [True] * 10
     final, forwards, expected = ref.sample(naive, x, maskable, num_steps=5, mask=MASK_ID)
@@ -261,7 +261,7 @@ def test_seeded_sampling_with_the_draws_injected(checkpoints, temperature, steps
     """Sampling with the transcription's draws taken from fastdllm's generator in fastdllm's order
     (reference_rnd1's module doc); the entropies at the sampling temperature, as the authors'."""
     lm, naive = checkpoints("main")
-    prompt = prompt_of(6, seed=9)
+    prompt = prompt_of(6, seed=9, **QWEN_IDS)
     x, maskable = ref.canvas(prompt, seq_len=6 + 13, mask=MASK_ID, pad=PAD_ID, eos=EOS_ID)
     first = check(lm, naive, x, maskable, steps, temperature=temperature, seed=5)
     greedy = check(lm, naive, x, maskable, steps)
@@ -296,7 +296,7 @@ def test_quantized_on_cpu(checkpoints, quantize):
     moe = lm.model.model.layers[1].mlp
     assert type(moe.experts[0].gate_proj).__module__.startswith("bitsandbytes")
     assert moe.gate.weight.dtype == torch.bfloat16                     # the router is not quantized
-    result = run(lm.decoder, [prompt_of(5)], config(16, 8))
+    result = run(lm.decoder, [prompt_of(5, **QWEN_IDS)], config(16, 8))
     assert result.nfe == 8 and MASK_ID not in result.canvas[0].tolist()
 
 

@@ -18,7 +18,8 @@ import torch
 from mask_heavy import heavy_copy, max_mask_probability
 from reference_sdar_moe import NaiveSDARMoE
 from cli_runner import invoke
-from test_blockdiff import check_sdar, ours, prompt_of
+from helpers import QWEN_IDS, prompt_of
+from test_blockdiff import check_sdar, ours
 
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_sdar_moe import (
@@ -60,7 +61,7 @@ def checkpoints(tmp_path_factory):
     def get(name):
         if name not in made and name == HEAVY:               # tests/mask_heavy.py
             lm, _ = get("main")
-            canvas = prompt_of(5) + [lm.specials.mask] * 16
+            canvas = prompt_of(5, **QWEN_IDS) + [lm.specials.mask] * 16
             heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / name, canvas)
             assert max_mask_probability(heavy, canvas) > 0.05   # the fixture does not hide the normaliser
             made[name] = (heavy, NaiveSDARMoE(heavy.path))
@@ -162,7 +163,7 @@ def test_the_naive_forward_is_transformers_qwen3_moe(checkpoints):
         state = {k: torch.stack([v[j] for j in range(len(v))]) if isinstance(v, dict) else v for k, v in state.items()}
         model = model.double().eval()
         assert model.load_state_dict(state, strict=True)
-        ids, pos = prompt_of(12), range(12)
+        ids, pos = prompt_of(12, **QWEN_IDS), range(12)
         ours_ = naive.forward(ids, pos, None, torch.tensor(pos)[:, None] >= torch.tensor(pos)[None, :])[0]
         with torch.no_grad():
             theirs = model(torch.tensor([ids])).logits[0]
@@ -175,7 +176,7 @@ def test_the_naive_forward_is_transformers_qwen3_moe(checkpoints):
 @pytest.mark.parametrize("name", list(FIXTURES))
 def test_logits_and_router_decisions_equal_the_reference(checkpoints, name):
     lm, naive = checkpoints(name)
-    ids = prompt_of(45, seed=3)                                          # not a whole number of blocks
+    ids = prompt_of(45, seed=3, **QWEN_IDS)                                          # not a whole number of blocks
     logits, routes = our_logits(lm, ids)
     expected = ref.full_logits(naive, ids, 4)
     assert torch.allclose(logits, expected, rtol=0, atol=1e-10)
@@ -229,7 +230,7 @@ def test_a_batch_decodes_each_row_as_alone(checkpoints, cache):
     """Rows of different lengths share every expert matmul: each still routes and decodes as alone."""
     lm, _ = checkpoints("main")
     cfg = DecodeConfig(gen_len=16, block_len=4, rule="dynamic", threshold=0.7, cache=cache, early_stop=False)
-    prompts = [prompt_of(n, seed=i) for i, n in enumerate([3, 11, 6])]
+    prompts = [prompt_of(n, seed=i, **QWEN_IDS) for i, n in enumerate([3, 11, 6])]
     batch = ours(lm, prompts, cfg)[2]
     for row, prompt in enumerate(prompts):
         alone = ours(lm, [prompt], cfg)[2]
@@ -265,7 +266,7 @@ def test_quantized_on_cpu(checkpoints, quantize):
     assert type(moe.experts[0].gate_proj).__module__.startswith("bitsandbytes")   # experts quantized
     assert type(lm.model.model.layers[1].self_attn.q_proj).__module__.startswith("bitsandbytes")
     assert moe.gate.weight.dtype == torch.bfloat16                                 # the router not
-    result = run(lm.decoder, [prompt_of(5)], DecodeConfig(gen_len=16, block_len=4, early_stop=False))
+    result = run(lm.decoder, [prompt_of(5, **QWEN_IDS)], DecodeConfig(gen_len=16, block_len=4, early_stop=False))
     assert result.nfe >= 4 and MASK_ID not in result.canvas[0].tolist()
 
 

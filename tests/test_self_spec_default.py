@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import reference_nemotron as ref
-from test_nemotron_modes import G, L, prompt, upto_stop
+from helpers import BYTE_IDS, prompt_of, upto_stop
 
 from fastdllm.checkpoints.loading import load
 from fastdllm.testing.tiny_nemotron import write_nemotron
@@ -16,6 +16,7 @@ from fastdllm.decode.engine import run
 from fastdllm.decode.profiles import Profile, default_profile_for, find, resolve
 
 pytestmark = pytest.mark.usefixtures("one_thread")          # tests/conftest.py
+L, G = 8, 32                   # block length, answer length (as in test_nemotron_modes)
 NO_ENV: dict[str, str] = {}
 
 
@@ -50,11 +51,11 @@ def test_the_default_decodes_as_linear_spec_generate_with_threshold_0(tiny_dir):
     profile = find(default_profile_for(tiny_dir))
     assert profile.name == "nemotron-diffusion"
     cfg = resolve(profile, {"mode": "self_spec", "gen_len": G, "block_len": L}, tiny_dir, NO_ENV)
-    result = run(lm.decoder, [prompt(21)], cfg)
+    result = run(lm.decoder, [prompt_of(21, **BYTE_IDS)], cfg)
     W, config = ref.load(tiny_dir)
-    out, nfe, _ = ref.linear_spec_generate(W, config, torch.tensor([prompt(21)]), G, L, 0.0, None)
+    out, nfe, _ = ref.linear_spec_generate(W, config, torch.tensor([prompt_of(21, **BYTE_IDS)]), G, L, 0.0, None)
     assert result.ids[0] == upto_stop(out[0, 21:].tolist(), config["eos_token_id"])[:G] and result.nfe == nfe
     # the profile's threshold, named with the mode: the same tokens, more forwards
-    slow = run(lm.decoder, [prompt(21)], resolve(profile, {"mode": "self_spec", "rule": "threshold", "gen_len": G,
+    slow = run(lm.decoder, [prompt_of(21, **BYTE_IDS)], resolve(profile, {"mode": "self_spec", "rule": "threshold", "gen_len": G,
                                                            "block_len": L}, tiny_dir, NO_ENV))
     assert slow.ids == result.ids and slow.nfe > result.nfe

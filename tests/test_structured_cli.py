@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from test_chat import invoke as chat  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
@@ -37,7 +36,7 @@ def test_generate_and_chat_answer_a_regex_and_a_grammar(tmp_path):
     r = invoke("generate", *FAST, "--raw", "--grammar", grammar, "def add(a, b):")
     assert r.exit_code == 0, r.stderr
     assert re.fullmatch(r"(yes|no) [1-9][0-9]?\n", r.stdout), r.stdout
-    r = chat(*FAST, "--regex", r"[a-z]{2,6}(, [a-z]{2,6})?", input="Hello\n/bye\n")
+    r = invoke("chat", *FAST, "--regex", r"[a-z]{2,6}(, [a-z]{2,6})?", input="Hello\n/bye\n")
     assert r.exit_code == 0, r.stderr
     assert re.fullmatch(r"[a-z]{2,6}(, [a-z]{2,6})?\n", r.stdout), r.stdout
 

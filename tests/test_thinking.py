@@ -6,6 +6,7 @@ switches the template's thinking, and pre-fills `<think>` where the switch alone
 from __future__ import annotations
 
 import pytest
+from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.thinking import without_thought
@@ -48,7 +49,6 @@ def test_families_without_the_channel_keep_their_text(tmp_path):
 
 
 def test_chat_think_switches_the_template(gemma, monkeypatch):
-    from test_chat import invoke
 
     seen = []
     encode_messages = loading.LoadedModel.encode_messages
@@ -56,7 +56,7 @@ def test_chat_think_switches_the_template(gemma, monkeypatch):
                         lambda self, messages, thinking=None: seen.append(thinking) or encode_messages(self, messages, thinking))
     for flag, thinking in (("--think", True), ("--no-think", False), (None, None)):
         seen.clear()
-        r = invoke("-m", gemma.path, "-n", "16", *([flag] if flag else []), input="hi\n")
+        r = invoke("chat", "-m", gemma.path, "-n", "16", *([flag] if flag else []), input="hi\n")
         assert r.exit_code == 0, r.output
         assert seen and set(seen) == {thinking}
 
