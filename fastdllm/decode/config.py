@@ -79,6 +79,8 @@ class DecodeConfig:
     dpad_window: int | None = field(default=None, metadata={"min": 1, "help": "DPad (suffix dropout, docs/accelerators.md 2): at each block start keep the j-th masked slot after the block with probability dpad_scale * exp(-x^2/2) / sqrt(2 pi), x = j * dpad_k / (dpad_window - 1), never past this many slots; the rest is dropped from the forward (none: off)"})
     dpad_k: float = field(default=4.0, metadata={"min": 0.0, "help": "dpad: where the window ends, in standard deviations of the keep profile (their --k_sigma)"})
     dpad_scale: float = field(default=2.0, metadata={"gt": 0.0, "help": "dpad: the keep profile's scale (the keep probability right after the block is dpad_scale / sqrt(2 pi))"})
+    focus_alpha: float | None = field(default=None, metadata={"min": 1.0, "help": "FOCUS (docs/focus.md), block-causal families: each step keeps about ceil(focus_alpha x the tokens the block decoded per step so far) of its masked tokens, picked from layers 0 and 1's attention, and drops the rest from the rest of the forward (the authors' 1.5; none: off)"})
+    focus_delayed: bool = field(default=True, metadata={"help": "focus: the authors' delayed cache, a decoded token whose right neighbour is decoded too is no longer recomputed in its block (off: every step recomputes the whole block, not the authors')"})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -136,8 +138,26 @@ class DecodeConfig:
             self._check_growing(rule)
         if CACHE_MODES[self.cache].features:
             self._check_features(rule)
+        if self.focus_alpha is not None:
+            self._check_focus(rule)
         if CACHE_MODES[self.cache].delayed and self.sub_block_len is not None:   # (dpad: _check_dpad)
             raise ConfigError(f"cache {self.cache} recomputes masked slots anywhere; unset sub_block_len")
+
+    def _check_focus(self, rule) -> None:
+        """FOCUS (decode/focus.py) picks among a block's masked tokens inside its prefix-cached forward."""
+        if self.cache != "prefix":
+            raise ConfigError(f"focus_alpha: needs cache prefix (the block recomputed against the finished ones), "
+                              f"not {self.cache}")
+        if rule.bound or rule.renoise or rule.whole_canvas:
+            raise ConfigError(f"focus_alpha: rule {self.rule} is not combined with it (use dynamic, the authors' "
+                              f"LowConfidence, or threshold)")
+        for on, name in ((self.sub_block_len, "sub_block_len"), (self.edit_threshold is not None, "edit_threshold"),
+                         (self.indel, "indel"), (self.credit, "credit"), (self.prophet, "prophet"),
+                         (self.dpad_window, "dpad"), (self.variable_length, "variable_length"),
+                         (self.end_think_boost, "end_think_boost"), (self.batch_invariant, "batch_invariant"),
+                         (self.mode != "diffusion", f"mode {self.mode}")):
+            if on:
+                raise ConfigError(f"focus_alpha: not combined with {name} (unset one)")
 
     def _check_klass(self) -> None:
         """KLASS (decode/klass.py) is greedy and reads each step's distributions at the block itself."""

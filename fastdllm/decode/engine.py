@@ -42,6 +42,7 @@ from .events import (
     finish_result,
     reset_peak_memory,
 )
+from .focus import Focus, refuse as refuse_focus
 from .graphs import SpanForward
 from .growing import EndThinkBoost, GrowingCanvas
 from .klass import KlassTrace, refuse as refuse_klass
@@ -77,6 +78,8 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion), or LLaDA2.2's InDel
     stepper (indel.InDelBatch)."""
     sampler = getattr(decoder.model, "sampler", "mask")
+    if cfg.focus_alpha is not None:             # focus.py: block-causal mask decoders only
+        refuse_focus(decoder)
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:
         raise UserError(f"cache {cfg.cache}: built for LLaDA and Dream only (their blocks host the feature cache); "
                         f"{decoder.name} is refused")
@@ -177,6 +180,8 @@ class Batch:
         # growing.py: iLLaDA's end-of-thinking boost, planned on the host canvas before each forward
         self.boost = EndThinkBoost.of(cfg, decoder, self.canvas.starts) if cfg.end_think_boost else None
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=not self.causal)
+        # focus.py: FOCUS's per-block state and its step (the forward keeps a block's likely masks only)
+        self.focus = Focus(cfg, decoder, self.forward, self.cache) if cfg.focus_alpha is not None else None
         if cfg.batch_invariant:                     # batch_invariant.py: each row as it is decoded alone
             make_batch_invariant(self.forward, cfg, self.canvas.valid, self.causal, decoder.name)
         if CACHE_MODES[cfg.cache].features:
@@ -215,7 +220,7 @@ class Batch:
             return StepEvent(block, -1, self.nfe, (s, e), rel(at), tokens, chosen.double(), chosen)
 
         stopped, fast = False, self.forward.device_step and DeviceStep.applies(cfg, causal) \
-            and not (cfg.credit or cfg.prophet or self.constraint or self.boost)   # these: host path
+            and not (cfg.credit or cfg.prophet or self.constraint or self.boost or self.focus)   # host path
         if canvas.prefill:                                              # the blocks before the first decoded one
             yield store(0, canvas.prefill, 0)
         for block, (s, e) in enumerate(canvas.blocks):
@@ -251,7 +256,8 @@ class Batch:
                     check = self.prophet and self.prophet.check(host, span, block, step, self.nfe + 1)
                     bonus = self.boost and self.boost.plan(host, s, e)
                     with torch.inference_mode():
-                        positions, tokens, conf, chosen, edited = decode_step(
+                        positions, tokens, conf, chosen, edited = self.focus.step(
+                            step, host, s, e, candidates, scheduled, generator) if self.focus else decode_step(
                             self.forward, span, candidates, s, scheduled, cfg, banned, generator, editable,
                             self.credit, check, self.constraint, self.klass, bonus)
                 wrote = chosen | edited                                  # commits (M2T) and edits (T2T)
@@ -302,7 +308,8 @@ def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -
         return False
     for on, name, why in ((holes is not None, "infilling", "the text after a hole is not part of the sentence"),
                           (cfg.prophet, "prophet", "it commits every remaining mask at once"),
-                          (cfg.edit_threshold is not None, "edit_threshold", "it overwrites committed tokens")):
+                          (cfg.edit_threshold is not None, "edit_threshold", "it overwrites committed tokens"),
+                          (cfg.focus_alpha is not None, "focus_alpha", "it drops masks the grammar may need")):
         if on:
             raise UsageError(f"structured output: not combined with {name} ({why}; docs/structured-output.md)")
     return True

@@ -46,6 +46,7 @@ class CanvasCache:
     values: list[torch.Tensor] | None  # per layer (B, H_kv, T, D)
     block: int | None = None           # block-causal attention: its block size (None: bidirectional)
     features: object | None = None     # cache mode dllm_cache: its FeatureCache (models/feature_cache.py)
+    tap: object | None = None          # FOCUS (decode/focus.py): called with (layer, q, k) after RoPE
 
     @classmethod
     def allocate(cls, valid: torch.Tensor, *, layers: list[tuple[torch.device, torch.dtype]],

@@ -154,6 +154,8 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
     q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)   # (B, H, S, D), (B, H_kv, S, D)
     if q_scale is not None:
         q = q * q_scale[:, None, :, None].to(q.dtype)
+    if cache.tap is not None:                                          # FOCUS reads layers 0 and 1's q/k
+        cache.tap(layer, q, k)
     v = v.reshape(B, S, n_kv_heads, head_dim).transpose(1, 2)
     keys, values = cache.store(layer, start, k, v)                    # (B, H_kv, T, D)
     if rows is not None:
