@@ -1,6 +1,7 @@
 """An independent float64 transcription of LLaDA2.2's insert/delete (InDel) decoder as
 docs/llada2-2.md §3 states it (SGLang's JointThresholdInDel as first proposed, with the released
-generate's post-edit boundary), written for these tests, greedy only, batch 1, no cache.
+generate's post-edit boundary and a later version's budget 0 and step cap), written for these
+tests, greedy only, batch 1, no cache.
 
 Per block on the absolute grid (from the block holding the prompt's end); at the block's start
 `prompt` = its non-mask positions, `orig` = its masks; per step:
@@ -8,16 +9,17 @@ Per block on the absolute grid (from the block holding the prompt's end); at the
   2. masks; n_orig = masks still flagged original, n_new = the others
   3. M2T: n_orig > 0: need = 1 + n_new masks: all with p > threshold if that many, else the `need`
      most confident; n_orig == 0: every mask
-  4. n_orig == 0: post += 1; force-finish when post >= max(1, max_post_steps), or when the step is
-     the block's cap (block_size + max_post_steps); force-finish: DELETE/SPLIT predictions become
-     the best other token (p stays the probability of the first choice, as in ID-0)
+  4. n_orig == 0: post += 1; force-finish when post >= max_post_steps (budget 0: at the first such
+     step, or at the step whose M2T takes every original mask left), or when the step count exceeds
+     block_size + max_post_steps (the cap); force-finish: every mask is written, DELETE/SPLIT
+     predictions become the best other token (p stays the probability of the first choice, as in ID-0)
   5. T2T: not mask, not prompt, x0 != current, p > edit_threshold
   6. nothing to write: the block ends ("done")
   7. anti-loop: the pre-write state seen before (not force-finish): the lowest-p changing position
      takes its best token not yet written there in this block
   8. write; 9. edits left to right: DELETE dropped, SPLIT -> [MASK (introduced), the position's
      pre-write token (its flag)], cut / padded with introduced masks to the block size
-  10. a force-finish step ends the block ("forced")
+  10. a force-finish step ends the block ("forced", or "capped" when the cap forced it)
 
 Shares no code with fastdllm: the model is reference_moe.NaiveLLaDA2.
 """
@@ -47,7 +49,7 @@ class InDelTrace:
     tokens: list = field(default_factory=list)
     canvas: list = field(default_factory=list)
     steps: list = field(default_factory=list)
-    ends: dict = field(default_factory=dict)          # block -> "done" | "forced"
+    ends: dict = field(default_factory=dict)          # block -> "done" | "forced" | "capped" (the step cap)
     blocks: list = field(default_factory=list)
     nfe: int = 0                                       # forwards, the last one of a "done" block included
 
@@ -89,12 +91,13 @@ def indel_generate(naive, prompt, *, mask_id, eos_id, delete_id, split_id, gen_l
             else:
                 m2t = list(masked)
             step += 1
-            forced = False
             if n_orig == 0:
                 post += 1
-                forced = post >= max(1, max_post_steps)
-            forced = forced or step >= B + max_post_steps
+            capped = step > B + max_post_steps
+            forced = (n_orig == 0 and post >= max_post_steps) or capped or (
+                max_post_steps == 0 and n_orig > 0 and not [i for i in masked if orig[i] and i not in m2t])
             if forced:
+                m2t = list(masked)                                       # every mask written
                 x0 = [_ranked(logits[i], (delete_id, split_id)) if x0[i] in (delete_id, split_id) else x0[i]
                       for i in range(B)]                                 # p stays the first choice's (ID-0)
             t2t = [i for i in range(B) if cur[i] != mask_id and not prompt_at[i] and x0[i] != cur[i]
@@ -133,7 +136,7 @@ def indel_generate(naive, prompt, *, mask_id, eos_id, delete_id, split_id, gen_l
                                       [i for i in write if new[i] == delete_id],
                                       [i for i in write if new[i] == split_id], looped, forced, list(tokens)))
             if forced:
-                tr.ends[b] = "forced"
+                tr.ends[b] = "capped" if capped else "forced"
                 break
     tr.canvas = list(x)
     out = x[L:L + gen_length]

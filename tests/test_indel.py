@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from test_moe import prompt_of
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_moe import write_llada2_2
+from fastdllm.decode.indel import RowBlock
+from fastdllm.testing.tiny_moe import write_llada2_2
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.decode.events import StepEvent
@@ -101,6 +102,69 @@ def test_the_cases_make_deletions_insertions_and_the_anti_loop_happen(model):
     assert any(s.looped is not None for s in steps) and any(s.edited for s in steps)
     ends = [end for tr in traces for end in tr.ends.values()]
     assert "done" in ends and "forced" in ends
+
+
+class Scripted:
+    """A fake model over a block of 8 whose predictions follow the block's state: a mask at the
+    block's end takes token 1; else the leftmost mask takes SPLIT (runner-up token 4), and while the
+    end is masked the leftmost mask takes token 2; other masks token 3; tokens stay themselves. So
+    the end is filled, then a SPLIT pushes that token out: the original masks survive the SPLIT
+    and the block needs about two steps per original mask, past the step cap."""
+    V, MASK, DELETE, SPLIT, B = 16, 15, 14, 13, 8
+
+    def forward(self, ids, attention=None, *, block_length=None, rows=None):
+        block = ids[-self.B:]
+        masked = [i for i, t in enumerate(block) if t == self.MASK]
+        logits = torch.zeros(self.B, self.V, dtype=torch.float64)
+        for i, t in enumerate(block):
+            if t != self.MASK:
+                logits[i, t] = 20.0
+            elif i == self.B - 1:
+                logits[i, 1] = 20.0
+            elif i == masked[0] and block[-1] != self.MASK:
+                logits[i, self.SPLIT], logits[i, 4] = 20.0, 5.0
+            else:
+                logits[i, 2 if i == masked[0] else 3] = 10.0 if i == masked[0] else 1.0
+        return logits
+
+
+@pytest.mark.parametrize("post", [0, 1, 3])
+def test_the_step_cap_force_finishes_as_sglang(post):
+    """docs/llada2-2.md §3 4 (ID-2): a block's step whose count exceeds block_size + budget writes
+    every mask (DELETE/SPLIT replaced by the runner-up) and ends the block; the step reaching it is
+    an ordinary one. RowBlock's steps against the reference's on the scripted model."""
+    fake, ref.BANNED[:] = Scripted(), [Scripted.MASK]
+    try:
+        trace = indel_ref.indel_generate(fake, [], mask_id=fake.MASK, eos_id=0, delete_id=fake.DELETE,
+                                         split_id=fake.SPLIT, gen_length=fake.B, block_length=fake.B,
+                                         threshold=1.0, max_post_steps=post)
+    finally:
+        ref.BANNED[:] = []
+    assert trace.ends == {0: "capped"} and len(trace.steps) == fake.B + post + 1
+    assert fake.MASK not in trace.steps[-1].after and trace.steps[-2].after.count(fake.MASK) > 1
+    cfg = config(threshold=1.0, post=post)
+    row, cur, steps = RowBlock([fake.MASK] * fake.B, fake.MASK, 0), [fake.MASK] * fake.B, []
+    while row.live:
+        tokens, (m2t, t2t, deleted, opened, _) = row.step(cur, fake.forward(cur), cfg, fake.MASK, fake.DELETE, fake.SPLIT)
+        if tokens is None:
+            break
+        steps.append((sorted(m2t), sorted(t2t), deleted, opened, tokens))
+        cur = tokens
+    assert steps == expected(trace)
+
+
+def test_budget_0_ends_the_block_in_the_step_filling_its_last_original_masks(model):
+    """Budget 0 (ID-2): the step whose M2T takes the last original masks force-finishes; with budget
+    1 the same step is an ordinary one and the block goes on (an edit-only round)."""
+    lm, naive = model
+    prompt = prompt_of(40, seed=40)
+    zero, one = (reference(lm, naive, prompt, 0.9, 0.9, post, 32) for post in (0, 1))
+    first = min(zero.ends)
+    zero_steps, one_steps = ([s for s in tr.steps if s.block == first] for tr in (zero, one))
+    n = len(zero_steps)
+    assert zero.ends[first] == "forced" and zero_steps[-1].forced and len(one_steps) > n - 1
+    assert [s.after for s in zero_steps[:-1]] == [s.after for s in one_steps[:n - 1]]
+    assert not one_steps[n - 1].forced and one_steps[n - 1].committed[:1] == zero_steps[-1].committed[:1]
 
 
 def test_batch_equals_rows_alone(model):

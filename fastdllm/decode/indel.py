@@ -64,8 +64,11 @@ class RowBlock:
         self.steps += 1
         if not n_orig:
             self.post += 1
-        forced = (not n_orig and self.post >= max(1, cfg.max_post_steps)) or self.steps >= L + cfg.max_post_steps
+        budget = cfg.max_post_steps          # force-finish (docs §3 4): the budget spent; budget 0: the step
+        filled = not budget and n_orig and all(i in m2t for i in masked if self.orig[i])   # filling the last
+        forced = (not n_orig and self.post >= budget) or filled or self.steps > L + budget  # original masks; the cap
         if forced:
+            m2t = masked                                      # every mask of the block is written
             banned[:, delete] = banned[:, split] = -float("inf")
             best = banned.argmax(-1).tolist()
             x0 = [best[i] if x0[i] in (delete, split) else x0[i] for i in range(L)]
