@@ -215,7 +215,8 @@ def summarise(case: Case, reps: list[list[Result]], prompt_set: PromptSet, share
         "cache_bytes": max(r.cache_bytes for r in first),
         **{k: getattr(cfg, k) for k in ("confidence", "temperature", "seed", "refresh_every", "early_stop",
                                         "credit", "prophet", "dpad_window", "leap_anchor", "leap_radius",
-                                        "prompt_interval", "gen_interval", "transfer_ratio")},   # the accelerator options
+                                        "prompt_interval", "gen_interval", "transfer_ratio", "focus_alpha",
+                                        "focus_delayed")},   # the accelerator options
         **shared,
         "repetitions": len(reps), "repetitions_asked": shared["repetitions"],   # rounds.py: auto varies per row
     }

@@ -223,9 +223,9 @@ def describe(cfg) -> str:
 def accelerators(cfg) -> list[str]:
     """The accelerator options `cfg` turns on (docs/accelerators.md; DUS is a rule and dKV-Cache a
     cache mode, so the header names them already)."""
-    window = getattr(cfg, "dpad_window", None)
+    window, alpha = getattr(cfg, "dpad_window", None), getattr(cfg, "focus_alpha", None)
     return [name for name, on in (("credit", getattr(cfg, "credit", False)), ("prophet", getattr(cfg, "prophet", False)),
-                                  (f"dpad {window}", window)) if on]
+                                  (f"dpad {window}", window), (f"focus {alpha:g}" if alpha else "", alpha)) if on]
 
 
 def rule_fields(cfg) -> dict:
