@@ -128,8 +128,9 @@ def extra(w, name: str, qtype: str) -> None:
                  raw_dtype=kind)
 
 
-def round_tripped(src: Path, out: Path, qtype: str) -> Path:
-    """The folder with its 2-D weights through the gguf package's quantize -> dequantize (fp32 on disk)."""
+def round_tripped(src: Path, out: Path, qtype: str, keep: tuple[str, ...] = ()) -> Path:
+    """The folder with its 2-D weights through the gguf package's quantize -> dequantize (fp32 on disk);
+    `keep`: name suffixes the converter leaves F32 (an MoE router)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -138,6 +139,90 @@ def round_tripped(src: Path, out: Path, qtype: str) -> Path:
     kind = gguf.GGMLQuantizationType[qtype]
     for shard in sorted(out.glob("*.safetensors")):
         weights = {n: (torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(t.float().numpy(), kind), kind))
-                       if t.ndim == 2 else t.float()) for n, t in load_file(shard).items()}
+                       if t.ndim == 2 and not n.endswith(keep) else t.float()) for n, t in load_file(shard).items()}
         save_file(weights, shard, metadata={"format": "pt"})
+    return out
+
+
+# --- LLaDA-MoE: conversion/llada.py LLaDAMoEModel(TextModel) as docs/gguf.md 12 says ---
+
+# the published names -> llama.cpp's (gguf-py tensor_mapping.py rows of MODEL_ARCH.LLADA_MOE's tensors),
+# written here independently of fastdllm's table
+MOE_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}
+MOE_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+CONVERTER_MASK = 156895            # LLaDAMoEModel.set_gguf_parameters' add_mask_token_id, whatever the vocabulary
+
+
+def write_llada_moe_gguf(src: Path, out: Path, outtype: str = "F32", *, mask_from_tokenizer: bool = True,
+                         hook=None) -> Path:
+    """TextModel.set_gguf_parameters' keys (those the published config.json has), LLaDAMoEModel's own,
+    the vocabulary as TextModel.get_vocab_base + SpecialVocab write it, then the tensors: experts
+    stacked per layer (E, out, in) like Qwen2MoeModel, the router and 1-D tensors F32."""
+    from fastdllm.checkpoints.specials import load_tokenizer
+
+    c = json.loads((src / "config.json").read_text())
+    tok_config = json.loads((src / "tokenizer_config.json").read_text())
+    tok = load_tokenizer(src)
+    w = gguf.GGUFWriter(out, "llada-moe")
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    if "dense_intermediate_size" in c:             # find_hparam's first match of the feed-forward keys
+        w.add_feed_forward_length(c["dense_intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_rope_freq_base(c["rope_theta"])
+    if "rms_norm_eps" in c:                        # the published config has none: no key
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(c["num_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_expert_feed_forward_length(c["expert_intermediate_size"])
+    w.add_mask_token_id(CONVERTER_MASK)
+    w.add_causal_attention(False)
+    w.add_diffusion_shift_logits(False)
+    # get_vocab_base: every id below vocab_size, holes [PADi] UNUSED, added special tokens CONTROL
+    by_id = {i: t for t, i in tok.get_vocab().items()}
+    added = tok.get_added_vocab()
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(c["vocab_size"])]
+    types = [gguf.TokenType.UNUSED if i not in by_id else
+             (gguf.TokenType.CONTROL if tok.added_tokens_decoder[i].special else gguf.TokenType.USER_DEFINED)
+             if by_id[i] in added else gguf.TokenType.NORMAL for i in range(c["vocab_size"])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    # SpecialVocab (after set_gguf_parameters: its mask id, where the tokenizer names one, overwrites 156895)
+    merges = json.loads((src / "tokenizer.json").read_text())["model"]["merges"]
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    specials = [("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("pad", w.add_pad_token_id)]
+    for kind, setter in specials + ([("mask", w.add_mask_token_id)] if mask_from_tokenizer else []):
+        if (token := tok_config.get(f"{kind}_token")) is not None:
+            setter(tok.convert_tokens_to_ids(token))
+    w.add_add_bos_token(bool(tok_config.get("add_bos_token")))
+    w.add_add_eos_token(bool(tok_config.get("add_eos_token")))
+    w.add_chat_template(tok_config["chat_template"])
+    experts = {}
+    for name, tensor in folder_weights(src).items():
+        data = tensor.float().numpy()
+        if m := re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)_proj\.weight", name):
+            experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = data
+            continue
+        if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name):
+            new = f"blk.{m.group(1)}.{MOE_BLOCK[m.group(2)]}.{m.group(3)}"
+        else:
+            new = MOE_GLOBAL[name]
+        router = new.endswith("ffn_gate_inp.weight")          # prepare_tensors: FFN_GATE_INP stays F32
+        add_tensor(w, new, data, "F32" if data.ndim == 1 or router else outtype)
+    for (layer, which), per in sorted(experts.items()):       # torch.stack over the experts, in order
+        add_tensor(w, f"blk.{layer}.ffn_{which}_exps.weight", np.stack([per[e] for e in sorted(per)]), outtype)
+    if hook:
+        hook(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return out

@@ -47,6 +47,10 @@ _QWEN_BLOCK = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": 
                "attn_output.weight": "self_attn.o_proj.weight",
                **{f"attn_{x}.{p}": f"self_attn.{x}_proj.{p}" for x in "qkv" for p in ("weight", "bias")}}
 _MLP = {f"ffn_{x}.weight": f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+# Qwen2MoE's layer (rnd1, llada-moe): per-head q/k norms, the router, experts stacked per layer (E, out, in)
+_MOE_BLOCK = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+              "ffn_gate_inp.weight": "mlp.gate.weight"}
+_EXPERTS = {f"ffn_{x}_exps.weight": f"mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}
 
 ARCHS = {
     "llada": Arch("llada",
@@ -62,13 +66,14 @@ ARCHS = {
     # conversion/dream.py: TextModel's tensors as they are (Qwen2 rope is NEOX, rotate-half: no permutation)
     "dream": Arch("dream", _QWEN_GLOBALS, {**_QWEN_BLOCK, **_MLP}, "model.layers", shifted=True),
     # conversion/qwen.py RND1Model(Qwen2MoeModel): experts stacked per layer into 3-D tensors, NEOX rope
-    "rnd1": Arch("rnd1", _QWEN_GLOBALS,
-                 {**_QWEN_BLOCK, "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
-                  "ffn_gate_inp.weight": "mlp.gate.weight"},
-                 "model.layers", shifted=True,
-                 experts={f"ffn_{x}_exps.weight": f"mlp.experts.{{e}}.{x}_proj.weight" for x in ("gate", "up", "down")}),
+    "rnd1": Arch("rnd1", _QWEN_GLOBALS, {**_QWEN_BLOCK, **_MOE_BLOCK}, "model.layers", shifted=True, experts=_EXPERTS),
+    # conversion/llada.py LLaDAMoEModel(TextModel): Qwen2MoE's expert merge, no permutation (NEOX rope);
+    # llama.cpp's llada-moe reads no attention bias and no dense or shared MLP: a file with one is refused
+    "llada-moe": Arch("llada-moe", _QWEN_GLOBALS,
+                      {**{k: v for k, v in _QWEN_BLOCK.items() if not k.endswith(".bias")}, **_MOE_BLOCK},
+                      "model.layers", shifted=False, experts=_EXPERTS),
 }
-NOT_YET = ("llada-moe",)          # a diffusion architecture llama.cpp writes that fastdllm does not read from GGUF yet
+NOT_YET = ()          # diffusion architectures llama.cpp writes that fastdllm does not read from GGUF yet
 
 
 def arch_of(f) -> Arch:
@@ -171,3 +176,46 @@ def rnd1_published_config() -> dict:
             "output_router_logits": False, "pad_token_id": 151643, "rms_norm_eps": 1e-06, "rope_scaling": False,
             "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": False,
             "tie_word_embeddings": False, "use_cache": False, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def llada_moe_config(f, arch: Arch, by_name: dict) -> dict:
+    """LLaDA-MoE-7B-A1B-Instruct's published config.json with the file's sizes (docs/gguf.md 12):
+    every layer sparse (llama.cpp's llada-moe has only expert MLPs), softmax top-k routing without
+    renormalisation, no shared expert, no expert bias (the published values, kept)."""
+    base = json.loads((PUBLISHED / "LLaDA-MoE-7B-A1B-Instruct" / "config.json").read_text())
+    a = arch.name
+    n_heads, hidden = int(f.require(f"{a}.attention.head_count")), int(f.require(f"{a}.embedding_length"))
+    head_dim = hidden // n_heads                  # the family reads no head_dim key: hidden / heads
+    if f.hparam("attention.key_length", head_dim) != head_dim or hidden % n_heads:
+        raise UserError(f"{f.path.name}: head size {f.hparam('attention.key_length')} is not {a}.embedding_length / "
+                        f"head_count ({hidden} / {n_heads}), the only one fastdllm's llada-moe has")
+    check_common(f, arch, head_dim)
+    # llama.cpp's llada-moe graph hard-codes softmax gating, no renormalisation, no scale: a file saying otherwise
+    for key, fine, what in (("expert_gating_func", (None, 1), "another router score than softmax"),
+                            ("expert_weights_norm", (None, False), "renormalised top-k weights"),
+                            ("expert_weights_scale", (None, 0.0, 1.0), "scaled expert weights")):
+        if f.hparam(key) not in fine:
+            raise UserError(f"{f.path.name}: {a}.{key} {f.hparam(key)} asks for {what}; LLaDA-MoE has none")
+    embed, experts = by_name.get("model.embed_tokens.weight"), by_name.get("model.layers.0.mlp.experts.{e}.gate_proj.weight")
+    if embed is None or experts is None:
+        raise UserError(f"{f.path.name} has no {'token_embd' if embed is None else 'blk.0.ffn_gate_exps'}.weight tensor")
+    expert_ff = f.hparam("expert_feed_forward_length", experts.shape[1])       # llama.cpp: n_ff_exp
+    if isinstance(expert_ff, list):
+        raise UserError(f"{f.path.name}: per-layer {a}.expert_feed_forward_length; fastdllm takes one size")
+    layers = int(f.require(f"{a}.block_count"))
+    config = {**base, "hidden_size": hidden, "num_attention_heads": n_heads,
+              "num_key_value_heads": int(f.hparam("attention.head_count_kv", n_heads)), "num_hidden_layers": layers,
+              "moe_layer_freq": [1] * layers, "num_experts": int(f.require(f"{a}.expert_count")),
+              "num_experts_per_tok": int(f.require(f"{a}.expert_used_count")), "expert_intermediate_size": int(expert_ff),
+              "max_position_embeddings": int(f.require(f"{a}.context_length")),
+              "rope_theta": decimal(f.hparam("rope.freq_base", 10000.0)), "vocab_size": embed.shape[0],
+              "qk_layernorm": "model.layers.0.self_attn.q_norm.weight" in by_name,
+              "tie_word_embeddings": "lm_head.weight" not in by_name, "torch_dtype": "float32", **specials(f)}
+    if (eps := f.hparam("attention.layer_norm_rms_epsilon")) is not None:   # absent: the family's 1e-5
+        config["rms_norm_eps"] = decimal(eps)
+    if (bos := f.value("tokenizer.ggml.bos_token_id")) is not None:
+        config["bos_token_id"] = int(bos)
+    if config["mask_token_id"] >= config["vocab_size"]:       # the converter writes 156895 whatever the vocabulary
+        raise UserError(f"{f.path.name}: mask token id {config['mask_token_id']} is outside its {config['vocab_size']} "
+                        "token embeddings")
+    return config

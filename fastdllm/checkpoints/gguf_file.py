@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .gguf_arch import Arch, arch_of, check_common, decimal, dream_config, rnd1_config, specials
+from .gguf_arch import Arch, arch_of, check_common, decimal, dream_config, llada_moe_config, rnd1_config, specials
 
 FLOATS = ("F32", "F16", "BF16")
 QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")      # kept quantized on a CPU (gguf_int8.py, gguf_int4.py)
@@ -128,7 +128,7 @@ def config_for(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
     """The family's published config.json from the metadata llama.cpp's converter writes (docs/gguf.md)."""
     arch = arch_of(f)
     by_name = {t.name: t for t in tensors}
-    build = {"llada": llada_config, "dream": dream_config, "rnd1": rnd1_config}[arch.name]
+    build = {"llada": llada_config, "dream": dream_config, "rnd1": rnd1_config, "llada-moe": llada_moe_config}[arch.name]
     return build(f, arch, by_name)
 
 

@@ -18,7 +18,7 @@ from .gguf_repo import cached_choices, local_choices
 from .gguf_tags import architecture, choices
 from .locate import hub_settings, is_complete
 
-GGUF_FAMILIES = {"llada": "llada", "dream": "Dream", "rnd1": "rnd1"}   # what gguf_arch.ARCHS reads each as
+GGUF_FAMILIES = {"llada": "llada", "dream": "Dream", "rnd1": "rnd1", "llada-moe": "llada"}   # what gguf_arch.ARCHS reads each as
 
 
 @dataclass(frozen=True)
