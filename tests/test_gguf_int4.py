@@ -215,7 +215,7 @@ def test_stand_ins_hold_no_memory_and_chunks_change_nothing(files, wide, monkeyp
 
     config = json.loads((resolve_model_dir(str(files["Q4_K_M"])) / "config.json").read_text())
     weights, codes = gguf_int8.state_dict_kept(files["Q4_K_M"], config, torch.bfloat16, int4_kernels)
-    assert len(codes) == 14
+    assert len([n for n in codes if ".blocks." in n]) == 14        # and the embedding / head: int8 rows
     for name in codes:
         assert weights[name].untyped_storage().nbytes() <= 2 and weights[name].stride() == (0, 0), name
     monkeypatch.setattr(gguf_file, "CHUNK", 256 * 3)                  # 3 rows at a time

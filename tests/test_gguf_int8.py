@@ -54,11 +54,68 @@ def test_no_float_copy_of_the_kept_weights(q8_file, llada_dir):
     from fastdllm.checkpoints.gguf_int8 import state_dict_int8
 
     config = json.loads((llada_dir / "config.json").read_text())
+    from fastdllm.models.cpu_quant import head_pays
+
     weights, codes = state_dict_int8(q8_file, config, torch.bfloat16)
-    assert len(codes) == 14
+    ends = ["model.transformer.wte.weight"] + ["model.transformer.ff_out.weight"] * head_pays()
+    assert len(codes) == 14 + len(ends) and all(name in codes for name in ends)
     for name in codes:                              # stand-ins: one element of storage each
         assert weights[name].untyped_storage().nbytes() <= 2 and weights[name].stride() == (0, 0), name
-    assert weights["model.transformer.wte.weight"].stride() != (0, 0)     # the embedding: fastdllm's int8 makes it
+
+
+def tied(src, out):
+    """The folder with its head tied to the embedding (LLaDA's weight_tying, no ff_out tensor)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "weight_tying": True}))
+    for shard in out.glob("*.safetensors"):
+        save_file({n: t for n, t in load_file(shard).items() if "ff_out.weight" != n.rpartition("transformer.")[2]},
+                  shard, metadata={"format": "pt"})
+    index = out / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"].pop("model.transformer.ff_out.weight", None)
+        index.write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize("head", ["own", "tied"])
+def test_embedding_and_head_go_straight_into_int8_rows(llada_dir, tmp_path, head):
+    """Their int8 rows are fastdllm's quantize_int8 of the package's float32 dequantization (one
+    rounding; before, they passed through bf16 first); a tied head is the embedding's rows."""
+    from fastdllm.models.cpu_quant import Int8Embedding, head_pays
+
+    src = llada_dir if head == "own" else tied(llada_dir, tmp_path / "tied")
+    path = write_gguf(src, tmp_path / "tiny-llada-Q8_0.gguf", "Q8_0")
+    lm = loading.load(resolve_model_dir(str(path)), dtype="bf16", quantize="int8")
+    weights = folder_weights(llada_dir)
+
+    def wanted(name):
+        deq = gguf.quants.dequantize(gguf.quants.quantize(weights[name].float().numpy(), Q8_0), Q8_0)
+        return quantize_int8(torch.from_numpy(deq), torch.bfloat16)
+
+    emb, out = lm.model.embed, lm.model.output_head
+    q, scale = wanted("model.transformer.wte.weight")
+    if head == "tied" and not head_pays():          # a tied matrix stays float under a float head
+        assert type(emb) is torch.nn.Embedding and out is None
+        return
+    assert type(emb) is Int8Embedding and torch.equal(emb.qweight, q) and torch.equal(emb.scales, scale)
+    assert "embedding (Q8_0)" in lm.info["gguf_int8"]
+    if head == "tied":
+        assert out.weight is emb.qweight and lm.info["cpu_quantized"]["head"].startswith("int8 (tied")
+    elif head_pays():
+        q, scale = wanted("model.transformer.ff_out.weight")
+        assert type(out) is Int8Linear and torch.equal(out.weight, q) and torch.equal(out.scales, scale)
+        assert "embedding (Q8_0) and head (Q8_0) into int8 rows from the file" in lm.info["gguf_int8"]
+    ids = torch.tensor([lm.encode("What is 2 + 2?", chat=True) + [lm.specials.mask] * 8])
+    ref = loading.load(resolve_model_dir(str(path)), dtype="fp32")
+    with torch.no_grad():
+        got, want = lm.model(ids).logits.float(), ref.model(ids).logits
+    assert float((got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt()) < 0.1
 
 
 def test_int8_from_the_file_is_as_close_to_q8_0_as_int8_through_bf16(llada_dir, q8_file, tmp_path):

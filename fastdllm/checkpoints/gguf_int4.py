@@ -54,10 +54,15 @@ def default_quantize(source: dict, quantize: str, device: str, dtype: str) -> tu
 
 
 def describe_kept(placed: Counter, quantize: str) -> str:
-    """What the kept linears are, for `info` / the run's model record."""
+    """What the kept linears (and the embedding and head taken from the file) are, for `info` / the
+    run's model record."""
+    ends = [f"{kind} ({t})" for (kind, t) in placed if kind in ("embedding", "head")]
+    placed = Counter({key: n for key, n in placed.items() if key[0] in ("int8", "int4")})
     total = sum(placed.values())
+    also = f"; the {' and '.join(ends)} into int8 rows from the file" if ends else ""
     if all(kernel == "int8" for kernel, _ in placed):
         types = ", ".join(dict.fromkeys(t for _, t in placed))
-        return f"{total} block linears from {types} re-quantized per row (docs/gguf.md {10 if quantize == 'int8' else 11})"
+        return (f"{total} block linears from {types} re-quantized per row{also} "
+                f"(docs/gguf.md {10 if quantize == 'int8' else 11})")
     parts = [f"{n} from {t} into {'int4' if kernel == 'int4' else 'int8 rows'}" for (kernel, t), n in placed.items()]
-    return f"{total} block linears: {', '.join(parts)}, re-quantized (docs/gguf.md 11)"
+    return f"{total} block linears: {', '.join(parts)}{also}, re-quantized (docs/gguf.md 11)"

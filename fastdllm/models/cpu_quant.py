@@ -69,10 +69,11 @@ class Int8Embedding(nn.Module):
     (`as_head`). `weight` is an empty parameter in the compute dtype, for the code that reads the
     model's dtype and device from the embedding (base.new_cache, base._execution_device)."""
 
-    def __init__(self, emb: nn.Embedding, dtype: torch.dtype):
+    def __init__(self, emb: nn.Embedding, dtype: torch.dtype, codes: tuple | None = None):
+        """`codes`: (q, scale) made beforehand (a GGUF file's embedding, checkpoints/gguf_int8.py)."""
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.dtype = emb.num_embeddings, emb.embedding_dim, dtype
-        q, scale = quantize_int8(emb.weight, dtype)
+        q, scale = codes if codes is not None else quantize_int8(emb.weight, dtype)
         self.register_buffer("qweight", q)                               # (V, d) int8
         self.register_buffer("scales", scale)                            # (V,)
         self.weight = nn.Parameter(torch.empty(0, dtype=dtype, device=q.device), requires_grad=False)
@@ -124,18 +125,23 @@ def quantize_model(model: nn.Module, fmt: str, dtype: torch.dtype, *, head: bool
                     done["linears"] += 1
                 else:
                     done["kept"] += 1
+    # an embedding or head already int8 (a GGUF file's, placed from its codes) is kept as it is
     out = model.output_head
     if out is None and head:             # tied: one int8 matrix is both the embedding and the head
-        emb = Int8Embedding(model.embed, dtype)
-        _replace(model, model.embed, emb)
+        emb = model.embed
+        if not isinstance(emb, Int8Embedding):
+            emb = Int8Embedding(model.embed, dtype)
+            _replace(model, model.embed, emb)
         _set_head(model, emb.as_head())
         done.update(embedding="int8", head="int8 (tied: the embedding's rows)")
-    elif out is not None and head and fits("int8", out):
-        _set_head(model, Int8Linear(out, dtype, head=True))
+    elif out is not None and head and (isinstance(out, Int8Linear) or fits("int8", out)):
+        if not isinstance(out, Int8Linear):
+            _set_head(model, Int8Linear(out, dtype, head=True))
         done["head"] = "int8"
     # a tied embedding stays float under a float head (an int8 embedding would need a float copy)
     if embedding and out is not None and isinstance(model.embed, nn.Embedding):
         _replace(model, model.embed, Int8Embedding(model.embed, dtype))
+    if embedding and isinstance(model.embed, Int8Embedding):
         done["embedding"] = "int8"
     model.is_quantized = True            # decode/graphs.py: no CUDA graphs
     model.cpu_quantized = fmt
