@@ -23,6 +23,7 @@ from fastdllm.decode.focus import Focus
 from fastdllm.errors import UserError
 from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.testing.tiny_moe import write_llada2_2, write_llada2_moe
+from fastdllm.testing.tiny_sdar_moe import write_sdar_moe
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 
@@ -48,6 +49,13 @@ def llada2(tmp_path_factory):
     ref_bd.BANNED[:] = [lm.specials.mask]
     yield lm, ref.LLaDA2Layers(ref_moe.NaiveLLaDA2(path)), 32, 4000
     ref_bd.BANNED[:] = []
+
+
+@pytest.fixture(scope="module")
+def sdar_moe(tmp_path_factory):
+    """SDAR-30B-A3B's layout (Qwen3-MoE layers): no reference here, the plain decode only."""
+    return loading.load(write_sdar_moe(tmp_path_factory.mktemp("ckpt") / "sdar-moe", block_size=16), dtype="fp64"), \
+        None, 16, 30000
 
 
 def config(block, alpha=1.5, threshold=0.8, gen_len=32, delayed=True, **kw) -> DecodeConfig:
@@ -122,7 +130,7 @@ def test_the_cases_drop_tokens_and_use_every_rule(sdar):
     assert any(len(s.kept) < len(s.processing) for s in steps)
 
 
-@pytest.mark.parametrize("family", ["sdar", "llada2"])
+@pytest.mark.parametrize("family", ["sdar", "llada2", "sdar_moe"])
 def test_nothing_dropped_is_the_plain_decode(request, family):
     """alpha so large that no mask is dropped, the delayed cache off: every step recomputes the
     whole block with every query, which is the plain prefix-cache decode (tokens and NFE)."""
