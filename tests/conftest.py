@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -16,12 +15,6 @@ from fastdllm.testing.tiny_random import (  # FIXTURES: real published non-weigh
     write_dream,
     write_llada,
 )
-from fastdllm.testing import tiny_moe
-
-# The tiny writers moved from fastdllm/checkpoints/ to fastdllm/testing/. tests/test_indel.py and
-# tests/test_llada2_2.py, being edited by another change, still import the old path: kept working
-# here, in the tests only, until they import fastdllm.testing.tiny_moe (then delete these lines).
-sys.modules.setdefault("fastdllm.checkpoints.tiny_moe", tiny_moe)
 
 # --dtype auto on a CPU follows the CPU (checkpoints/cpu_dtype.py): bf16 on AMX or where a probe
 # finds it faster. The suite pins it to fp32, so that its exactness tolerances and expected texts

@@ -13,7 +13,7 @@ import torch
 from test_moe import decode, our_logits, prompt_of
 
 from fastdllm.checkpoints import loading
-from fastdllm.checkpoints.tiny_moe import write_llada2_2
+from fastdllm.testing.tiny_moe import write_llada2_2
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.errors import UserError
 
