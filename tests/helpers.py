@@ -36,3 +36,37 @@ def fake_quant(x: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     s = (xf.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-30)
     return torch.round(xf / s).clamp(-127, 127).double() * s.double()
+
+
+def scheduler_answers(decoder, prompts: dict[str, list[int]], cfg, timeout: float = 300) -> dict:
+    """Each prompt submitted at once to serve's Scheduler (rows batched as serve batches them):
+    name -> its Finished update."""
+    import threading
+
+    from fastdllm.serve.jobs import Finished, Job
+    from fastdllm.serve.scheduler import Scheduler
+
+    done, got = threading.Semaphore(0), {}
+    sched = Scheduler(decoder, max_batch=4)
+    for name, prompt in prompts.items():
+        sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
+                         (got.__setitem__(n, u), done.release())))
+    sched.start()
+    for _ in prompts:
+        assert done.acquire(timeout=timeout)
+    sched.shutdown(10)
+    return got
+
+
+def use_hub(monkeypatch, url: str, cache) -> None:
+    """Point huggingface_hub (and fastdllm's hub settings) at a local hub server and cache."""
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def one_error_line(out) -> str:
+    """A CLI result that failed (exit 1) with exactly one `error:` line; that line."""
+    assert out.exit_code == 1, out.output
+    assert out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
+    return out.output

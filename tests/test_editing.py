@@ -13,7 +13,7 @@ import pytest
 import reference_editing as edit_ref
 import reference_moe as ref
 import torch
-from helpers import prompt_of
+from helpers import prompt_of, scheduler_answers
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
@@ -213,12 +213,8 @@ def test_profiles_and_the_cli(models):
 def test_serve_takes_editing_per_request(models):
     """The request's `fastdllm` object (or a profile named there) turns editing on; the scheduler
     decodes each editing job as alone and counts its edits."""
-    import threading
-
-    from fastdllm.serve.jobs import Finished, Job
     from fastdllm.serve.protocol import prepare_completion
     from fastdllm.serve.requests import Server
-    from fastdllm.serve.scheduler import Scheduler
 
     lm, _ = models["llada2"]
     server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})
@@ -228,16 +224,8 @@ def test_serve_takes_editing_per_request(models):
     cfg = prepare_completion({**body, "fastdllm": {"edit_threshold": 0.0, "max_post_steps": 4, "threshold": 0.5,
                                                    "early_stop": False}}, server).cfg
     assert (cfg.edit_threshold, cfg.max_post_steps) == (0.0, 4)
-    done, got = threading.Semaphore(0), {}
-    sched = Scheduler(lm.decoder, max_batch=4)
     prompts = {f"r{n}": prompt_of(n, seed=None) for n in (9, 33, 40)}
-    for name, prompt in prompts.items():
-        sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
-                         (got.__setitem__(n, u), done.release())))
-    sched.start()
-    for _ in prompts:
-        assert done.acquire(timeout=120)
-    sched.shutdown(10)
+    got = scheduler_answers(lm.decoder, prompts, cfg)
     for name, prompt in prompts.items():
         alone = run(lm.decoder, [prompt], cfg)
         assert got[name].ids == alone.ids[0] and got[name].edits == alone.edits > 0

@@ -14,6 +14,7 @@ import reference_focus as ref
 import reference_moe as ref_moe
 import torch
 from cli_runner import invoke
+from helpers import scheduler_answers
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
@@ -173,11 +174,7 @@ def test_refusals(sdar, tmp_path, llada_dir):
 
 def test_profile_cli_and_serve(sdar):
     """The focus profile; generate --focus-alpha; the scheduler's answers equal each row alone."""
-    import threading
-
     from fastdllm.decode import profiles
-    from fastdllm.serve.jobs import Finished, Job
-    from fastdllm.serve.scheduler import Scheduler
 
     lm, _, block, high = sdar
     cfg = profiles.resolve(profiles.find("focus"), {})
@@ -186,15 +183,7 @@ def test_profile_cli_and_serve(sdar):
                                "prefix", "--focus-alpha", "1.5", "--no-early-stop", "--raw", "hi").stdout)
     assert record["config"]["focus_alpha"] == 1.5 and record["nfe"] > 0
     cfg = config(block, gen_len=48)
-    done, got = threading.Semaphore(0), {}
-    sched = Scheduler(lm.decoder, max_batch=4)
     prompts = {f"r{n}": prompt_of(n, n, high) for n in (9, 33, 40)}
-    for name, prompt in prompts.items():
-        sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
-                         (got.__setitem__(n, u), done.release())))
-    sched.start()
-    for _ in prompts:
-        assert done.acquire(timeout=300)
-    sched.shutdown(10)
+    got = scheduler_answers(lm.decoder, prompts, cfg)
     for name, prompt in prompts.items():
         assert got[name].ids == run(lm.decoder, [prompt], cfg).ids[0]

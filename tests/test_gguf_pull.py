@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import invoke
+from helpers import one_error_line, use_hub
 from fastdllm.checkpoints import catalog, fit
 from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.units import human_bytes
@@ -40,17 +41,9 @@ def files(llada_dir, tmp_path_factory) -> dict[str, bytes]:
 def hub(files, tmp_path, monkeypatch):
     parts = {f"Q8_0/tiny-Q8_0-0000{i}-of-00002.gguf": files[Q8][:500] for i in (1, 2)}
     server = Hub(repos={REPO: {**files, "README.md": b"# tiny\n"}, SPLIT: parts}).start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    use_hub(monkeypatch, server.url, tmp_path / "cache")
     yield server
     server.stop()
-
-
-def one_error_line(out) -> str:
-    assert out.exit_code == 1, out.output
-    assert out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
-    return out.output
 
 
 def test_pull_with_a_tag_fetches_that_one_file_and_every_m_finds_it_offline(hub, files):

@@ -14,6 +14,7 @@ import pytest
 import reference_indel as indel_ref
 import reference_moe as ref
 import torch
+from helpers import scheduler_answers
 from mask_heavy import often_predicted_word
 from safetensors.torch import load_file, save_file
 from test_moe import prompt_of
@@ -263,12 +264,8 @@ def test_early_stop_after_the_block_where_the_answer_ends(model):
 def test_serve_takes_indel_per_request(model):
     """The request's `fastdllm` object (or the llada2.2 profile) turns InDel on; the scheduler's
     answers are each row's alone (it re-plans batches only at block ends)."""
-    import threading
-
-    from fastdllm.serve.jobs import Finished, Job
     from fastdllm.serve.protocol import prepare_completion
     from fastdllm.serve.requests import Server
-    from fastdllm.serve.scheduler import Scheduler
 
     lm, _ = model
     server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})
@@ -277,15 +274,7 @@ def test_serve_takes_indel_per_request(model):
     cfg = prepare_completion({**body, "fastdllm": {"indel": True, "edit_threshold": 0.0, "threshold": 0.5,
                                                    "early_stop": False}}, server).cfg
     assert cfg.indel and cfg.edit_threshold == 0.0
-    done, got = threading.Semaphore(0), {}
-    sched = Scheduler(lm.decoder, max_batch=4)
     prompts = {f"r{n}": prompt_of(n, seed=n) for n in (9, 33, 40)}
-    for name, prompt in prompts.items():
-        sched.submit(Job(name, prompt, cfg, deliver=lambda u, n=name: isinstance(u, Finished) and
-                         (got.__setitem__(n, u), done.release())))
-    sched.start()
-    for _ in prompts:
-        assert done.acquire(timeout=300)
-    sched.shutdown(10)
+    got = scheduler_answers(lm.decoder, prompts, cfg)
     for name, prompt in prompts.items():
         assert got[name].ids == run(lm.decoder, [prompt], cfg).ids[0]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import invoke
+from helpers import one_error_line, use_hub
 
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
 from fastdllm.testing.tiny_random import write_llada
@@ -38,17 +39,9 @@ def tiny_files(tmp_path_factory) -> dict[str, bytes]:
 @pytest.fixture
 def hub(tiny_files, tmp_path, monkeypatch):
     server = Hub(repos={REPO: dict(tiny_files)}).start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    use_hub(monkeypatch, server.url, tmp_path / "cache")
     yield server
     server.stop()
-
-
-def one_error_line(out) -> str:
-    assert out.exit_code == 1, out.output
-    assert out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
-    return out.output
 
 
 def cached_repos(tmp_path: Path) -> list[str]:
