@@ -101,13 +101,7 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
         add_tensor(w, new, data, "F32" if data.ndim == 1 or new.endswith("_norm.weight") else kind)
     if extra_tensor:
         extra(w, *extra_tensor)
-    if hook:
-        hook(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    return finish(w, out, hook)
 
 
 def add_tensor(w, name: str, data: np.ndarray, qtype: str) -> None:
@@ -219,6 +213,11 @@ def write_llada_moe_gguf(src: Path, out: Path, outtype: str = "F32", *, mask_fro
         add_tensor(w, new, data, "F32" if data.ndim == 1 or router else outtype)
     for (layer, which), per in sorted(experts.items()):       # torch.stack over the experts, in order
         add_tensor(w, f"blk.{layer}.ffn_{which}_exps.weight", np.stack([per[e] for e in sorted(per)]), outtype)
+    return finish(w, out, hook)
+
+
+def finish(w, out: Path, hook=None) -> Path:
+    """`hook(w)` (a test's last change to the file), then the header, keys and tensors written."""
     if hook:
         hook(w)
     w.write_header_to_file()

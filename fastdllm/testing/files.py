@@ -61,3 +61,21 @@ def normal_makers(g: torch.Generator, std: float):
     def norm(n):
         return 1.0 + 0.1 * torch.randn(n, generator=g)
     return mat, norm
+
+
+def write_config(out: Path, published: dict, family: str, tiny: dict, overrides: dict, drop=(),
+                 dtype: torch.dtype = torch.bfloat16) -> tuple[Path, dict]:
+    """A tiny writer's config.json: the published keys at the tiny sizes, then `overrides` (each must
+    be a published key), `dtype` named as config.json names it, the keys in `drop` removed.
+    Returns (the created folder, the config)."""
+    unknown = set(overrides) - set(published)
+    if unknown:
+        raise ValueError(f"not an {family} config key: {sorted(unknown)}")
+    config = {**published, **tiny, **overrides}
+    config["dtype"] = DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))     # float64 for exactness tests
+    for key in drop:
+        del config[key]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", config)
+    return out, config

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .files import DTYPE_NAMES, layer_shards, write_json, write_safetensors
+from .files import layer_shards, write_config, write_json, write_safetensors
 
 BOS_ID, PAD_ID, EOS_ID, MASK_ID = 0, 1, 2, 5
 # ids 0-5: the ids are second hand (T3, ANN), the spellings of 0-4 are ours [U]
@@ -50,18 +50,7 @@ def illada_config() -> dict:
 def write_illada(out: Path, *, seed=0, init_std=0.5, embed_scale=1.0, qk_scale=12.0, sharded=False, dtype=torch.bfloat16,
                  store_head=False, think_tokens=True, drop=(), **config) -> Path:
     """iLLaDA's layout at the TINY sizes; `config` overrides config.json keys, `drop` removes some."""
-    c = illada_config()
-    unknown = set(config) - set(c)
-    if unknown:
-        raise ValueError(f"not an illada config key: {sorted(unknown)}")
-    c.update(TINY)
-    c.update(config)
-    c["dtype"] = DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))     # float64 for exactness tests
-    for key in drop:
-        del c[key]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", c)
+    out, c = write_config(out, illada_config(), "illada", TINY, config, drop, dtype)
     write_json(out / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
                                            "transformers_version": "4.57.1"})            # [U] T3's ids
     write_tokenizer(out, think_tokens)

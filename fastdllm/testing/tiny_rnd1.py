@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.gguf_arch import rnd1_published_config as rnd1_config
-from .files import DTYPE_NAMES, layer_shards, write_json, write_safetensors
+from .files import layer_shards, write_config, write_json, write_safetensors
 from .tiny_sdar_moe import BPE_DIR, PUBLISHED_DIR, weights
 
 MASK_ID, EOS_ID, PAD_ID = 151669, 151645, 151643      # config.json (rnd1_config): mask, <|im_end|>, <|endoftext|>
@@ -33,19 +33,7 @@ SIZE_KEYS = set(TINY)
 def write_rnd1(out: Path, *, seed=0, init_std=0.3, logit_scale=4.0, sharded=True, dtype=torch.bfloat16,
                drop=(), **config) -> Path:
     """RND1's layout with the TINY sizes; `config` overrides config.json keys, `drop` removes some."""
-    c = rnd1_config()
-    unknown = set(config) - set(c)
-    if unknown:
-        raise ValueError(f"not an rnd1 config key: {sorted(unknown)}")
-    c.update(TINY)
-    c.update(config)
-    c["dtype"] = DTYPE_NAMES[dtype]
-    for key in drop:
-        del c[key]
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", c)
+    out, c = write_config(out, rnd1_config(), "rnd1", TINY, config, drop, dtype)
     _write_qwen3_tokenizer(out)
     w = weights(c, torch.Generator().manual_seed(seed), init_std, logit_scale)
     write_safetensors(out, {k: v.to(dtype) for k, v in w.items()},
