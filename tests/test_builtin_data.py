@@ -110,6 +110,30 @@ def test_rows_pad_answers_with_end_of_text_and_chat_answers_end_their_turn():
     assert len({tuple(r) for r in tokens.tolist()}) > 40           # fresh draws (the one stdlib function repeats)
 
 
+def test_tight_batches_pad_like_lengths_a_little_and_resume_exactly():
+    tok, ids = _char_tokenizer()
+    eos = ids[tokenizer.EOS]
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [("def f(x):\n", "    return x\n")], ids,
+                          row_lengths=((0, 1.0),))
+    rng = random.Random(5)
+    spans = []
+    for _ in range(mixture.TIGHT_GROUP):
+        tokens, prompt = mix.batch(16, rng)
+        content = [max(i for i, t in enumerate(row) if t != eos) + 1      # where each prompted row's answer ends
+                   for row, p in zip(tokens.tolist(), prompt.tolist()) if p]
+        assert 1 <= tokens.shape[1] - max(content) <= 16        # the longest row ends 1-16 tokens before the end
+        spans.append((min(content), max(content)))
+    assert all(hi - lo < 100 for lo, hi in spans) and len({lo for lo, _ in spans}) > 3   # groups of like lengths
+    source = mixture.MixtureSource.__new__(mixture.MixtureSource)   # the resume state: rng and undrawn groups
+    source.rng, source.mixture = rng, mix
+    mix.batch(16, rng)
+    saved = source.get_state()
+    saved = {"rng": saved["rng"], "pending": [list(g) for g in saved["pending"]]}
+    after = [mix.batch(16, rng)[0] for _ in range(3)]
+    source.set_state(saved)
+    assert all(torch.equal(a, mix.batch(16, rng)[0]) for a in after)
+
+
 def test_digits_are_single_tokens():
     tok, _ = _char_tokenizer()
     pieces = tok.encode("She has 1234 apples").tokens

@@ -23,6 +23,8 @@ from . import data, function_tasks, tokenizer, word_problems
 # word_problems.NOVEL_SHARE.)
 WEIGHTS = {"gsm_raw": 0.28, "gsm_chat": 0.12, "arith": 0.10, "code_raw": 0.28, "code_chat": 0.10,
            "stdlib_window": 0.06, "stdlib_function": 0.06}
+TIGHT_LIMIT = 192        # a tight batch's longest row before its padding
+TIGHT_GROUP = 8          # batches drawn at once and sorted into groups of like lengths
 PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function")   # rows of prompt + answer
 
 
@@ -64,35 +66,61 @@ class Mixture:
     stream: torch.Tensor                            # stdlib training source, documents joined by EOS
     stdlib_functions: list[tuple[str, str]]
     ids: dict[str, int]
-    row_lengths: tuple[tuple[int, float], ...] = ((128, 0.55), (192, 0.37), (512, 0.08))
+    row_lengths: tuple[tuple[int, float], ...] = ((0, 0.85), (256, 0.10), (512, 0.05))
     weights: dict[str, float] = field(default_factory=lambda: dict(WEIGHTS))
+    pending: list = field(default_factory=list)     # tight batches drawn and not yet used (resume state)
 
     def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens (B, L), prompt_len (B,)); prompt_len 0 for stdlib windows (every token may be masked)."""
+        """(tokens (B, L), prompt_len (B,)); prompt_len 0 for stdlib windows (every token may be masked).
+        A row length of 0 draws a tight batch: TIGHT_GROUP batches' rows (of up to TIGHT_LIMIT tokens)
+        are drawn at once and sorted by length, and each batch, one group of like lengths, is padded to
+        its longest row plus 1-16 end-of-text tokens (fixed-length batches were half padding)."""
         L = rng.choices([n for n, _ in self.row_lengths], [w for _, w in self.row_lengths])[0]
-        kinds = rng.choices(list(self.weights), list(self.weights.values()), k=size)
+        if L:
+            kinds = rng.choices(list(self.weights), list(self.weights.values()), k=size)
+            drawn = [(kind, self.prompted(kind, rng, L)) for kind in kinds]
+        else:
+            if not self.pending:
+                self.pending = self.tight_groups(size, rng)
+            drawn = self.pending.pop()
+            L = max(len(p) + len(a) for _, (p, a) in drawn) + rng.randint(1, 16)
         rows, prompts = [], []
-        for kind in kinds:
+        for kind, (p, a) in drawn:
             if kind == "stdlib_window":
                 start = rng.randrange(len(self.stream) - L)
                 rows.append(self.stream[start:start + L])
-                prompts.append(0)
-                continue
-            if kind == "arith":
+            elif kind == "arith":
                 rows.append(self.drill_row(rng, L))
-                prompts.append(0)
-                continue
-            for attempt in range(100):          # short rows take the shorter draws; longer rows all of them
-                prompt, answer = texts(rng, kind, self.stdlib_functions)
-                p, a = self.encode(prompt), self.encode(answer)
-                a += [self.ids[tokenizer.EOT]] if kind.endswith("_chat") else []
-                if len(p) + len(a) < L and len(p) <= L // 2:
-                    break
-                if attempt > 20:
-                    kind = "gsm_raw"
-            rows.append(torch.tensor(p + a + [self.ids[tokenizer.EOS]] * (L - len(p) - len(a))))
+            else:
+                rows.append(torch.tensor(p + a + [self.ids[tokenizer.EOS]] * (L - len(p) - len(a))))
             prompts.append(len(p))
         return torch.stack(rows), torch.tensor(prompts)
+
+    def tight_groups(self, size: int, rng: random.Random) -> list:
+        """TIGHT_GROUP batches of (kind, (prompt ids, answer ids)), each of rows of like lengths; rows
+        with no prompt (stdlib windows, drills: any length) get a random length to sort by."""
+        kinds = rng.choices(list(self.weights), list(self.weights.values()), k=size * TIGHT_GROUP)
+        drawn = [(kind, self.prompted(kind, rng, TIGHT_LIMIT)) for kind in kinds]
+        length = {id(d): len(d[1][0]) + len(d[1][1]) or rng.randrange(48, TIGHT_LIMIT) for d in drawn}
+        drawn.sort(key=lambda d: length[id(d)])
+        groups = [drawn[i:i + size] for i in range(0, len(drawn), size)]
+        rng.shuffle(groups)
+        return groups
+
+    def prompted(self, kind: str, rng: random.Random, L: int) -> tuple[list[int], list[int]]:
+        """(prompt ids, answer ids) of one row of `kind` that fits L tokens with one padding token;
+        ([], []) for the kinds with no prompt (stdlib windows, drills), filled once L is known."""
+        if kind in ("stdlib_window", "arith"):
+            return [], []
+        for attempt in range(100):          # short rows take the shorter draws; longer rows all of them
+            prompt, answer = texts(rng, kind, self.stdlib_functions)
+            p, a = self.encode(prompt), self.encode(answer)
+            a += [self.ids[tokenizer.EOT]] if kind.endswith("_chat") else []
+            if len(p) + len(a) < L and len(p) <= L // 2:
+                break
+            if attempt > 20:
+                kind = "gsm_raw"
+        return p, a
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
@@ -153,7 +181,7 @@ def held_out_rows(tok, ids: dict[str, int], L: int = 192, n: int = 32) -> tuple[
 
 
 def row_lengths(spec: str) -> tuple[tuple[int, float], ...]:
-    """"128:0.55,192:0.37,512:0.08" -> ((128, 0.55), (192, 0.37), (512, 0.08)): row length, share of batches."""
+    """"0:0.85,256:0.1,512:0.05" -> ((0, 0.85), (256, 0.1), (512, 0.05)): row length (0: tight), share of batches."""
     return tuple((int(n), float(w)) for n, w in (part.split(":") for part in spec.split(",")))
 
 
@@ -183,10 +211,15 @@ class MixtureSource:
         return held_out_rows(self.tok, self.ids, self.cfg.seq_len)
 
     def get_state(self):
-        return self.rng.getstate()
+        return {"rng": self.rng.getstate(), "pending": self.mixture.pending}
 
     def set_state(self, state) -> None:
-        self.rng.setstate(state)
+        """A state of get_state, or a bare random state (runs before tight batches)."""
+        if isinstance(state, dict):
+            self.rng.setstate(state["rng"])
+            self.mixture.pending = state["pending"]
+        else:
+            self.rng.setstate(state)
 
     def reseed(self, seed: int) -> None:
         self.rng.seed(seed)

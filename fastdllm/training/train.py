@@ -34,7 +34,7 @@ class TrainConfig:
     entropy_weight: float = 2.0      # certainty: dParallel's settings
     entropy_temperature: float = 0.5
     block_share: float = 0.5         # tiny-llada: rows masked as block-wise decoding meets them
-    row_lengths: str = "128:0.55,192:0.37,512:0.08"   # tiny-llada: row length:share of batches
+    row_lengths: str = "0:0.85,256:0.1,512:0.05"   # tiny-llada: row length (0: tight):share of batches
     decay_minutes: float | None = None   # constant lr, then linear decay over a run's last minutes
     gen_len: int | None = None       # generation_config's default generation length (seq_len // 2)
     vocab_size: int = 4096
