@@ -119,7 +119,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
     split = split_of(device, device_map, max_memory)
     torch_dtype, device_map, dtype_choice = torch_placement(dtype, device, quantize)
     cpu_quant = quantize in CPU_FORMATS
-    if cpu_quant and hasattr(model_cls, "packed_experts"):
+    if cpu_quant and model_cls.packed_experts:
         raise UserError(f"--quantize {quantize}: {path.name}'s experts are packed 3-D tensors, which the int8/int4 "
                         "CPU kernels do not take: use --quantize none, or 8bit/4bit")
     # our modules compute attention themselves: a config's attn_implementation (SDAR's published
@@ -132,9 +132,9 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         refuse_split(kwargs["device_map"], quantize, CPU_FORMATS)
     if quantize in ("8bit", "4bit"):
         kwargs["quantization_config"] = quantization_config(quantize, torch_dtype,
-                                                            skip=getattr(model_cls, "quantize_skip", None))
+                                                            skip=model_cls.quantize_skip)
         # experts packed in 3-D tensors (DiffusionGemma): per-expert linears, filled after the rest
-        config.experts_apart = hasattr(model_cls, "packed_experts")
+        config.experts_apart = model_cls.packed_experts is not None
     from safetensors import SafetensorError
 
     kernel_for = kernels_for(quantize) if gguf is not None else None
@@ -155,12 +155,11 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
             placed = place_kept(model, kwargs.pop("state_dict"), codes, torch_dtype)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
-        if hasattr(model, "read_files"):         # files beside the weights (Nemotron's linear_spec_lora)
-            model.read_files(path)
+        model.read_files(path)                  # files beside the weights (Nemotron's linear_spec_lora)
         model.eval().prepare_for_inference(pack=pack_weights and not cpu_quant)
         parameters = sum(p.numel() for p in model.parameters())
         if cpu_quant:
-            quantized = cpu_quantize(model, quantize, torch_dtype, pack_weights, getattr(model_cls, "quantize_skip", ()))
+            quantized = cpu_quantize(model, quantize, torch_dtype, pack_weights, model_cls.quantize_skip)
         elif quantize != "none":
             model.is_quantized = True                   # decode/graphs.py: no CUDA graphs
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
@@ -232,14 +231,14 @@ def _check_weights(path: Path) -> None:
 
 def describe(loaded: LoadedModel) -> dict:
     model = loaded.model
-    params = getattr(model, "parameters_before_quantization", None) or sum(p.numel() for p in model.parameters())
+    params = model.parameters_before_quantization or sum(p.numel() for p in model.parameters())
     return {"path": str(loaded.path), "family": loaded.family, "attention": str(model.attention), "parameters": params,
             "dtype": str(loaded.dtype).replace("torch.", ""), "quantize": loaded.quantize,
             "device": str(loaded.device), "context_length": loaded.context_length,
             "mask_id": loaded.specials.mask, "stop_ids": list(loaded.specials.stops),
             "chat_template": loaded.has_chat_template,
             "weights_bytes": model.get_memory_footprint(), "load_seconds": round(loaded.load_seconds, 4),
-            **cpu_details(loaded), **({"portable_4bit_layers": n} if (n := getattr(model, "portable_4bit_layers", 0)) else {})}
+            **cpu_details(loaded), **({"portable_4bit_layers": n} if (n := model.portable_4bit_layers) else {})}
 
 
 def cpu_details(loaded: LoadedModel) -> dict:

@@ -17,6 +17,16 @@ class Attention:
                                     # causally encoded past)
     block: int | None = None        # block-causal: the block size it was trained with
 
+    @property
+    def causal(self) -> bool:
+        """Block-causal: a finished block's keys/values are final, blocks are decoded in order."""
+        return self.kind == "block-causal"
+
+    @property
+    def bidirectional(self) -> bool:
+        """Every position attends to the whole canvas (the cache modes approximate)."""
+        return self.kind == "bidirectional"
+
     def __str__(self) -> str:
         return self.kind if self.block is None else f"{self.kind}({self.block})"
 

@@ -4,6 +4,10 @@ the checkpoint's names and points `embed`, `blocks`, `final_norm` and `head` at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +37,34 @@ class DiffusionLM(PreTrainedModel):
     cuda_graphs = True
     # Whether its block hosts dLLM-Cache's feature-cached layer (cache mode dllm_cache; LLaDA's does).
     feature_cache = False
+    # Which decoder runs it: "mask" (the mask loop), "renoise" (decode/renoise.py), "seeded"
+    # (decode/seeded.py) or "steerling" (decode/steerling.py).
+    sampler = "mask"
+    # The dtype of the authors' confidence softmax: "logits" (the logits' own dtype), else fp64 (selection.py).
+    authors_softmax = "float64"
+    # Their eval scripts put a BOS before a prompt they do not chat-template (Dream; eval/harness.py).
+    eval_prompt_bos = False
+    # Module-name suffixes kept unquantized under --quantize 8bit/4bit/int8/int4 (a router).
+    quantize_skip: tuple[str, ...] = ()
+    # Experts published as 3-D tensors: their tensor-name pattern (checkpoints/packed_experts.py), else None.
+    packed_experts: str | None = None
+    # Positions per routing block under LLaDA2.2's block routing (its experts chosen per block), else None.
+    routing_block: int | None = None
+    # Why a padded batch is refused (authors who decode one unpadded row at a time), else None.
+    padded_batch_refusal: str | None = None
+    # Why chat without the checkpoint's chat template is refused, else None.
+    plain_chat_refusal: str | None = None
+    # Whether the canvas holds mask tokens (False: DiffusionGemma's canvas is noise; its mask id is -1).
+    uses_mask = True
+    # A family's own mask lookup, mask_of(config dict, tokenizer) -> id (checkpoints/specials.py), else None.
+    mask_of: Callable[[dict, Any], int] | None = None
+    # A family's own stops, end_tokens(config dict, tokenizer) -> (end of turn, other stop ids), else None.
+    end_tokens: Callable[[dict, Any], tuple[int | None, list[int]]] | None = None
+    # Set when loading: quantized (no CUDA graphs), the parameter count before quantization, and
+    # the 4-bit layers left on bitsandbytes' portable kernel (prepare_for_inference).
+    is_quantized = False
+    parameters_before_quantization: int | None = None
+    portable_4bit_layers = 0
     # RoPE on the first rotary_dim dims of each head (partial rotary; None: all of head_dim).
     rotary_dim: int | None = None
     # Set by each family: number of KV heads, head size, RoPE base, end-of-turn discovery aside.
@@ -51,6 +83,10 @@ class DiffusionLM(PreTrainedModel):
         if self.output_head is None:
             return F.linear(h, self.embed.weight)
         return linear(h, self.output_head)
+
+    def read_files(self, folder: Path) -> None:
+        """After loading: files beside the weights the family reads (Nemotron's LoRA adapter, iLLaDA's
+        tied head); nothing by default."""
 
     # --- forwards ------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> MaskedLMOutput:

@@ -190,6 +190,11 @@ class LLaDA2MoeModelLM(DecoderStack):
         self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)
         self.post_init()
 
+    @property
+    def routing_block(self) -> int | None:
+        """Block routing's block size where a layer routes by blocks (LLaDA2.2), else None."""
+        return next((block.routing_block for block in self.blocks if block.routing_block), None)
+
 
 class BailingMoeV2Config(LLaDA2MoeConfig):
     """The same configuration under the model_type dInfer also ships it as (Ling-2.0's autoregressive
