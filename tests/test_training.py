@@ -59,6 +59,24 @@ def test_masking_and_loss():
     assert torch.isclose(loss, torch.log(torch.tensor(50.0)))                   # uniform logits: log V
 
 
+def test_the_head_at_masked_positions_only_gives_the_full_forward_loss():
+    from fastdllm.models import LLaDAConfig, LLaDAModelLM
+
+    torch.manual_seed(0)
+    config = LLaDAConfig(d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64, vocab_size=60,
+                         embedding_size=60, max_sequence_length=64, rope_theta=10000.0, mask_token_id=2,
+                         eos_token_id=1, pad_token_id=1, bos_token_id=0)
+    model = LLaDAModelLM(config).double()
+    tokens, prompt = torch.randint(5, 60, (3, 20)), torch.tensor([6, 0, 11])
+    noisy, masked, t = data.mask_batch(tokens, prompt, mask_id=2, gen=torch.Generator().manual_seed(1),
+                                       t=torch.tensor([0.5, 0.3, 0.9]))
+    weight = (masked / t[:, None]).double()
+    assert 0 < int(masked.sum()) < masked.numel() // 2             # some positions are left out of the head
+    full = data.weighted_loss(model(noisy).logits, tokens, weight, prompt)
+    assert full.dtype == torch.float64
+    assert abs(float(data.forward_loss(model, noisy, tokens, weight, prompt) - full)) < 1e-12 * float(full)
+
+
 def test_a_few_steps_export_and_resume(tmp_path):
     corpus = toy_corpus(tmp_path / "corpus")
     state = train(tiny_config(tmp_path, corpus), log=lambda _: None)
