@@ -214,7 +214,7 @@ def test_serve_takes_editing_per_request(models):
     """The request's `fastdllm` object (or a profile named there) turns editing on; the scheduler
     decodes each editing job as alone and counts its edits."""
     from fastdllm.serve.protocol import prepare_completion
-    from fastdllm.serve.requests import Server
+    from fastdllm.serve.server import Server
 
     lm, _ = models["llada2"]
     server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})

@@ -291,7 +291,8 @@ def test_serve_decodes_rows_of_other_lengths_one_at_a_time_each_as_alone(models)
 
 def test_serve_refuses_a_plain_transcript_chat(models):
     from fastdllm.serve.protocol import prepare_chat
-    from fastdllm.serve.requests import ApiError, Server
+    from fastdllm.serve.errors import ApiError
+    from fastdllm.serve.server import Server
 
     lm, _ = models("main")
     server = Server(lm, config(16, 8, 8, True), "illada", {})

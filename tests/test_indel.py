@@ -265,7 +265,7 @@ def test_serve_takes_indel_per_request(model):
     """The request's `fastdllm` object (or the llada2.2 profile) turns InDel on; the scheduler's
     answers are each row's alone (it re-plans batches only at block ends)."""
     from fastdllm.serve.protocol import prepare_completion
-    from fastdllm.serve.requests import Server
+    from fastdllm.serve.server import Server
 
     lm, _ = model
     server = Server(lm, DecodeConfig(gen_len=64, rule="dynamic", threshold=0.95), "llada2", {})

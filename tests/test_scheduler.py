@@ -207,7 +207,8 @@ def test_sampled_jobs_are_decoded_alone_and_reproduce_their_seed(llada64):
 def test_an_infilling_job_is_decoded_alone_beside_a_batch(llada64, sdar64):
     from fastdllm.decode import infill
     from fastdllm.serve.protocol import prepare_completion
-    from fastdllm.serve.requests import ApiError, Server
+    from fastdllm.serve.errors import ApiError
+    from fastdllm.serve.server import Server
 
     cfg = DecodeConfig(gen_len=16, block_len=8, cache="dual", threshold=0.7)
     prompt, suffix = llada64.encode("def f(x):\n", chat=False), llada64.encode("\n    return y\n", chat=False)

@@ -17,7 +17,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from fastdllm.checkpoints import loading  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.serve.protocol import prepare_chat, prepare_completion  # noqa: E402
-from fastdllm.serve.requests import ApiError, Server  # noqa: E402
+from fastdllm.serve.errors import ApiError  # noqa: E402
+from fastdllm.serve.server import Server  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                            "population": {"type": "integer", "minimum": 0, "maximum": 99999}},

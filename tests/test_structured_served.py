@@ -23,8 +23,9 @@ from fastdllm.decode.constraint import Compiled, Spec  # noqa: E402
 from fastdllm.decode.engine import run  # noqa: E402
 from fastdllm.serve.jobs import Failed, Finished, Job  # noqa: E402
 from fastdllm.serve.protocol import prepare_chat, prepare_completion  # noqa: E402
-from fastdllm.serve.requests import ApiError, Server  # noqa: E402
+from fastdllm.serve.errors import ApiError  # noqa: E402
 from fastdllm.serve.scheduler import Scheduler  # noqa: E402
+from fastdllm.serve.server import Server  # noqa: E402
 
 AB = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}}, "required": ["a", "b"],
       "additionalProperties": False}

@@ -17,8 +17,9 @@ jsonschema = pytest.importorskip("jsonschema")
 from fastdllm.checkpoints import loading  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.serve.protocol import prepare_chat  # noqa: E402
-from fastdllm.serve.requests import ApiError, Server  # noqa: E402
+from fastdllm.serve.errors import ApiError  # noqa: E402
 from fastdllm.serve.responses import Chunker  # noqa: E402
+from fastdllm.serve.server import Server  # noqa: E402
 from fastdllm.serve.tools import GEMMA4, QWEN, parse_calls, syntax_of, tools_of  # noqa: E402
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .requests import ApiError
+from .errors import ApiError
 
 EXTENSION_KEYS = ("regex", "grammar")
 

@@ -1,7 +1,8 @@
 """ollama's API beside OpenAI's (github.com/ollama/ollama docs/api.md): /api/generate and /api/chat
 (NDJSON streams, one object per finished block, the last with `done` and the counts), /api/tags,
 /api/show, /api/ps, /api/version. A request is turned into the OpenAI request it means and goes
-through the same validation (protocol.py) and scheduler; only the answer's shape differs."""
+through the same validation (protocol.py) and scheduler; only the answer's shape differs. The
+routes are module-level on `router`; what they serve is the app's state (app.py)."""
 
 from __future__ import annotations
 
@@ -12,119 +13,130 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from .errors import ApiError
 from .jobs import Failed, Finished, TextUpdate
 from .protocol import prepare_chat, prepare_completion
-from .requests import ApiError, parse_body
 from .responses import TrimmedText
+from .schemas import parse_body
+from .updates import follow, start
 
 # ollama's options fastdllm decodes with, and the OpenAI field each becomes
 OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "seed": "seed", "stop": "stop"}
 NEVER_UNLOADED = "2999-12-31T23:59:59Z"     # /api/ps: a served model stays loaded while the server runs
 
+router = APIRouter()
 
-def add_routes(app: FastAPI, server, start, follow, *, about: dict) -> None:
-    """`start(request, prepared, id)` submits a job (raising ApiError), `follow(job, updates)` yields
-    its updates; `about`: the served model's name, family, sizes, license (cli/serve.py)."""
 
-    @app.post("/api/chat")
-    async def chat(request: Request):
-        body = await read_body(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise ApiError(400, "messages: a list of {role, content} is required", param="messages")
-        refuse_unsupported(body, ("tools",))
-        if any(isinstance(m, dict) and m.get("images") for m in messages):
-            raise ApiError(400, "messages.images: fastdllm serves text models", param="messages")
-        openai = {"messages": [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
-                               for m in messages], **common(body, server), "response_format": response_format(body)}
-        with format_named():
-            prepared = prepare_chat(openai, server)
-        return await answer(request, prepared, body, chat=True)
+@router.post("/api/chat")
+async def chat(request: Request):
+    server = request.app.state.server
+    body = await read_body(request)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise ApiError(400, "messages: a list of {role, content} is required", param="messages")
+    refuse_unsupported(body, ("tools",))
+    if any(isinstance(m, dict) and m.get("images") for m in messages):
+        raise ApiError(400, "messages.images: fastdllm serves text models", param="messages")
+    openai = {"messages": [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
+                           for m in messages], **common(body, server), "response_format": response_format(body)}
+    with format_named():
+        prepared = prepare_chat(openai, server)
+    return await answer(request, prepared, body, chat=True)
 
-    @app.post("/api/generate")
-    async def generate(request: Request):
-        body = await read_body(request)
-        refuse_unsupported(body, ("images", "context", "template"))
-        prompt = body.get("prompt") or ""
-        if not isinstance(prompt, str):
-            raise ApiError(400, "prompt: must be a string", param="prompt")
-        if not prompt and not body.get("suffix"):             # ollama: an empty prompt loads the model
-            return JSONResponse(final_fields(server.model_name, {"response": "", "done": True, "done_reason": "load"}))
-        system, structured = body.get("system"), response_format(body)
-        with format_named():
-            if body.get("raw") or body.get("suffix") is not None or not server.lm.has_chat_template:
-                text = f"{system}\n\n{prompt}" if system else prompt
-                openai = {"prompt": text, "suffix": body.get("suffix"), **common(body, server)}
-                prepared = prepare_completion(openai, server, response_format=structured)
-            else:                                             # ollama applies the model's template
-                messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-                prepared = prepare_chat({"messages": messages, **common(body, server), "response_format": structured},
-                                        server)
-        return await answer(request, prepared, body, chat=False)
 
-    async def answer(request: Request, prepared, body: dict, *, chat: bool):
-        name = server.model_name
-        job, updates = start(request, prepared, ("ollama-chat-" if chat else "ollama-gen-") + str(time.time_ns()))
-        trimmed = TrimmedText() if prepared.plain_chat else None
+@router.post("/api/generate")
+async def generate(request: Request):
+    server = request.app.state.server
+    body = await read_body(request)
+    refuse_unsupported(body, ("images", "context", "template"))
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt: must be a string", param="prompt")
+    if not prompt and not body.get("suffix"):             # ollama: an empty prompt loads the model
+        return JSONResponse(final_fields(server.model_name, {"response": "", "done": True, "done_reason": "load"}))
+    system, structured = body.get("system"), response_format(body)
+    with format_named():
+        if body.get("raw") or body.get("suffix") is not None or not server.lm.has_chat_template:
+            text = f"{system}\n\n{prompt}" if system else prompt
+            openai = {"prompt": text, "suffix": body.get("suffix"), **common(body, server)}
+            prepared = prepare_completion(openai, server, response_format=structured)
+        else:                                             # ollama applies the model's template
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            prepared = prepare_chat({"messages": messages, **common(body, server), "response_format": structured},
+                                    server)
+    return await answer(request, prepared, body, chat=False)
 
-        def piece(text: str) -> dict:
-            return {"model": name, "created_at": now(),
-                    **({"message": {"role": "assistant", "content": text}} if chat else {"response": text}), "done": False}
 
-        def last(update, text: str = "") -> dict:
-            if isinstance(update, Failed):
-                return {"error": update.message}
-            return {**piece(text), "done": True, "done_reason": update.finish_reason, **counts(update)}
+async def answer(request: Request, prepared, body: dict, *, chat: bool):
+    name = request.app.state.server.model_name
+    job, updates = start(request, prepared, ("ollama-chat-" if chat else "ollama-gen-") + str(time.time_ns()))
+    trimmed = TrimmedText() if prepared.plain_chat else None
 
-        if body.get("stream", True):                          # ollama streams unless told not to
-            async def lines():
-                async for update in follow(job, updates):
-                    if isinstance(update, TextUpdate):
-                        text = trimmed.feed(update.text) if trimmed else update.text
-                        if text:
-                            yield json.dumps(piece(text), ensure_ascii=False) + "\n"
-                    elif isinstance(update, (Finished, Failed)):
-                        yield json.dumps(last(update), ensure_ascii=False) + "\n"
-            return StreamingResponse(lines(), media_type="application/x-ndjson")
-        final = None
-        async for update in follow(job, updates):
-            if isinstance(update, (Finished, Failed)):
-                final = update
-        if isinstance(final, Failed):
-            return JSONResponse({"error": final.message}, status_code=final.status)
-        if final is None:
-            return JSONResponse({"error": "client gone"}, status_code=499)
-        text = final.text.strip() if prepared.plain_chat else final.text
-        return JSONResponse(last(final, text))
+    def piece(text: str) -> dict:
+        return {"model": name, "created_at": now(),
+                **({"message": {"role": "assistant", "content": text}} if chat else {"response": text}), "done": False}
 
-    @app.get("/api/tags")
-    async def tags():
-        return {"models": [{"name": server.model_name, "model": server.model_name, "modified_at": about["modified_at"],
-                            "size": about["size"], "digest": about["digest"], "details": details(about)}]}
+    def last(update, text: str = "") -> dict:
+        if isinstance(update, Failed):
+            return {"error": update.message}
+        return {**piece(text), "done": True, "done_reason": update.finish_reason, **counts(update)}
 
-    @app.post("/api/show")
-    async def show(request: Request):
-        body = await read_body(request)
-        wanted = body.get("model") or body.get("name")
-        if not matches(wanted, server.model_name):
-            raise not_found(wanted, server.model_name)
-        return {"modelfile": "", "parameters": "", "template": about.get("template") or "", "license": about.get("license", ""),
-                "details": details(about), "capabilities": ["completion"], "modified_at": about["modified_at"],
-                "model_info": {"general.architecture": about["family"], "general.parameter_count": about["parameters"],
-                               f"{about['family']}.context_length": about["context"]}}
+    if body.get("stream", True):                          # ollama streams unless told not to
+        async def lines():
+            async for update in follow(job, updates):
+                if isinstance(update, TextUpdate):
+                    text = trimmed.feed(update.text) if trimmed else update.text
+                    if text:
+                        yield json.dumps(piece(text), ensure_ascii=False) + "\n"
+                elif isinstance(update, (Finished, Failed)):
+                    yield json.dumps(last(update), ensure_ascii=False) + "\n"
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    final = None
+    async for update in follow(job, updates):
+        if isinstance(update, (Finished, Failed)):
+            final = update
+    if isinstance(final, Failed):
+        return JSONResponse({"error": final.message}, status_code=final.status)
+    if final is None:
+        return JSONResponse({"error": "client gone"}, status_code=499)
+    text = final.text.strip() if prepared.plain_chat else final.text
+    return JSONResponse(last(final, text))
 
-    @app.get("/api/ps")
-    async def ps():
-        return {"models": [{"name": server.model_name, "model": server.model_name, "size": about["size"],
-                            "digest": about["digest"], "details": details(about), "expires_at": NEVER_UNLOADED,
-                            "size_vram": about["size_vram"], "context_length": about["context"]}]}
 
-    @app.get("/api/version")
-    async def version():
-        return {"version": about["version"]}
+@router.get("/api/tags")
+async def tags(request: Request):
+    server, about = request.app.state.server, request.app.state.about
+    return {"models": [{"name": server.model_name, "model": server.model_name, "modified_at": about["modified_at"],
+                        "size": about["size"], "digest": about["digest"], "details": details(about)}]}
+
+
+@router.post("/api/show")
+async def show(request: Request):
+    server, about = request.app.state.server, request.app.state.about
+    body = await read_body(request)
+    wanted = body.get("model") or body.get("name")
+    if not matches(wanted, server.model_name):
+        raise not_found(wanted, server.model_name)
+    return {"modelfile": "", "parameters": "", "template": about.get("template") or "", "license": about.get("license", ""),
+            "details": details(about), "capabilities": ["completion"], "modified_at": about["modified_at"],
+            "model_info": {"general.architecture": about["family"], "general.parameter_count": about["parameters"],
+                           f"{about['family']}.context_length": about["context"]}}
+
+
+@router.get("/api/ps")
+async def ps(request: Request):
+    server, about = request.app.state.server, request.app.state.about
+    return {"models": [{"name": server.model_name, "model": server.model_name, "size": about["size"],
+                        "digest": about["digest"], "details": details(about), "expires_at": NEVER_UNLOADED,
+                        "size_vram": about["size_vram"], "context_length": about["context"]}]}
+
+
+@router.get("/api/version")
+async def version(request: Request):
+    return {"version": request.app.state.about["version"]}
 
 
 async def read_body(request: Request) -> dict:

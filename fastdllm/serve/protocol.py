@@ -1,4 +1,4 @@
-"""OpenAI requests (requests.py: their shapes) converted into what the scheduler decodes: prompt
+"""OpenAI requests (schemas.py: their shapes) converted into what the scheduler decodes: prompt
 ids, a DecodeConfig validated by the CLI's own code, stop strings. Every mistake becomes an
 ApiError: an HTTP status and one line naming the field."""
 
@@ -11,20 +11,11 @@ from ..decode import profiles
 from ..decode.canvas import block_end
 from ..decode.config import DecodeConfig
 from ..errors import UserError
+from .errors import ApiError
 from .formats import EXTENSION_KEYS, constraint_of
+from .schemas import CHAT_ONLY, NOT_TAKEN, OFF_VALUES, ChatRequest, CommonRequest, CompletionRequest, validated
+from .server import Prepared, Server
 from .tools import template_messages, tools_of
-from .requests import (
-    CHAT_ONLY,
-    NOT_TAKEN,
-    OFF_VALUES,
-    ApiError,
-    ChatRequest,
-    CommonRequest,
-    CompletionRequest,
-    Prepared,
-    Server,
-    validated,
-)
 
 PLAIN_TURN = "\nUser:"      # without a chat template the answer ends where the next user line starts
 

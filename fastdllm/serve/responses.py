@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..checkpoints.plain_chat import cut_plain_answer
 from .jobs import Finished, StepUpdate
-from .requests import Prepared
+from .server import Prepared
 from .tools import parse_calls
 
 

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .requests import ApiError
+from .errors import ApiError
 
 JSON_FORM = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 QUOTE = '<|"|>'                 # Gemma-4's string delimiter inside a call's arguments
