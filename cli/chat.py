@@ -46,7 +46,7 @@ def chat(
     constraint = compile_for(spec, lm)             # every answer of the session follows it
     if think is not None and not lm.has_chat_template:
         raise UserError(f"--think/--no-think switch the chat template's thinking: {lm.path.name} has no chat template")
-    if not lm.has_chat_template and (why := getattr(lm.model, "plain_chat_refusal", None)):
+    if not lm.has_chat_template and (why := lm.model.plain_chat_refusal):
         raise UserError(why)                       # no plain transcript for a family that needs its template
     session = Session(cfg, profile, flags={k: v for k, v in opts.decode.items() if v is not None},
                       model_dir=lm.path, system=system, model_info=lm.info, thinking=think)

@@ -20,7 +20,7 @@ def live_view(lm, prompt_ids: list[int], cfg, header: str, constrained: bool = F
     from fastdllm.decode.canvas import geometry
     from fastdllm.terminal.view import LiveCanvas
 
-    width, offset = geometry(len(prompt_ids), cfg, lm.model.attention.kind == "block-causal")
+    width, offset = geometry(len(prompt_ids), cfg, lm.model.attention.causal)
     return LiveCanvas(err_console, lm.tokenizer, header, width, cfg.block_len, lm.specials.stops, offset=offset,
                       constrained=constrained)
 

@@ -17,6 +17,7 @@ from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.cli.app import app
 from fastdllm.decode.config import DecodeConfig
+from fastdllm.models.attention import BIDIRECTIONAL
 from one_line import one_line_refusal
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,10 +88,10 @@ def test_refusals_are_one_line():
     renoising = SimpleNamespace(model=SimpleNamespace(sampler="renoise"), name="tiny-gemma")
     assert "resamples whole canvases" in refusal(renoising, CFG)
     one_line_refusal(lambda: analyze(renoising, [1], CFG), "resamples whole canvases")
-    masked = SimpleNamespace(model=SimpleNamespace(attention=SimpleNamespace(kind="bidirectional")), name="x")
+    masked = SimpleNamespace(model=SimpleNamespace(attention=BIDIRECTIONAL), name="x")
     assert "nothing is cached" in drift_refusal(masked, "none")
     sampled = DecodeConfig(temperature=0.5)
-    assert "greedy" in refusal(SimpleNamespace(model=SimpleNamespace()), sampled)
+    assert "greedy" in refusal(SimpleNamespace(model=SimpleNamespace(sampler="mask")), sampled)
 
 
 def test_cli_writes_html_pngs_json_and_advice(llada_dir, tmp_path):

@@ -47,7 +47,7 @@ def baseline_config(cfg: DecodeConfig) -> DecodeConfig:
 
 def refusal(decoder: Decoder, cfg: DecodeConfig) -> str | None:
     """Why analyze cannot run this model/config at all (one line), or None."""
-    if getattr(decoder.model, "sampler", "mask") == "renoise":
+    if decoder.model.sampler == "renoise":
         return f"analyze reads commits of masked positions; {decoder.name} resamples whole canvases every step"
     if cfg.edit_threshold is not None:
         return "analyze compares each position's one commit with the baseline; token editing rewrites them (drop --edit-threshold)"
@@ -58,7 +58,7 @@ def refusal(decoder: Decoder, cfg: DecodeConfig) -> str | None:
 
 def drift_refusal(decoder: Decoder, mode: str) -> str | None:
     """Why KV drift does not apply to this family in cache `mode` (one line), or None."""
-    if decoder.model.attention.kind == "block-causal":
+    if decoder.model.attention.causal:
         return (f"kv drift: {decoder.name} attends block-causally, so its finished blocks' K/V are final "
                 f"and a full forward is not its reference; drift is measured for bidirectional families")
     if not CACHE_MODES[mode].keeps_kv:

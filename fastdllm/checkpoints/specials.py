@@ -7,9 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..decode.decoder import SpecialTokens
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..models.base import DiffusionLM
 
 _PROBE = "fastdllm-end-of-turn-probe"
 
@@ -86,16 +90,16 @@ def token_id(tokenizer, token: str) -> int | None:
     return i if isinstance(i, int) and tokenizer.convert_ids_to_tokens(i) == token else None
 
 
-def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> SpecialTokens:
+def special_tokens(config: dict, tokenizer, path: Path, model_cls: type[DiffusionLM]) -> SpecialTokens:
     """Mask: config's mask_token_id, else the tokenizer's, else the family's `mask_fallback` (the authors' code);
     -1 for a family whose canvas is noise, not masks (DiffusionGemma: its `<mask>` is an ordinary
     token it may write, and -1 marks the canvas slots not decoded yet)."""
-    mask = config.get("mask_token_id") if getattr(model_cls, "uses_mask", True) else -1
-    if (own_mask := getattr(model_cls, "mask_of", None)) is not None:    # a family that checks its own (iLLaDA)
-        mask = own_mask(config, tokenizer)
+    mask = config.get("mask_token_id") if model_cls.uses_mask else -1
+    if model_cls.mask_of is not None:          # a family that checks its own (iLLaDA)
+        mask = model_cls.mask_of(config, tokenizer)
     if not isinstance(mask, int):
-        mask = mask_from_tokenizer(tokenizer, getattr(model_cls, "mask_tokens", ()))
-    fallback = getattr(model_cls, "mask_fallback", None)
+        mask = mask_from_tokenizer(tokenizer, model_cls.mask_tokens)
+    fallback = model_cls.mask_fallback
     if not isinstance(mask, int) and isinstance(fallback, int) and fallback < config.get("vocab_size", 0):
         mask = fallback
     if not isinstance(mask, int):
@@ -107,8 +111,8 @@ def special_tokens(config: dict, tokenizer, path: Path, model_cls=None) -> Speci
             eos += _ids(json.loads(gen_file.read_text()).get("eos_token_id"))
         except (OSError, ValueError, AttributeError):
             pass
-    if (own := getattr(model_cls, "end_tokens", None)) is not None:     # a family that names its own (Steerling)
-        eot, extra = own(config, tokenizer)
+    if model_cls.end_tokens is not None:       # a family that names its own (Steerling)
+        eot, extra = model_cls.end_tokens(config, tokenizer)
     else:
         eot, extra = end_of_turn(tokenizer), []
     stops = tuple(dict.fromkeys(eos + extra + ([eot] if eot is not None else [])))

@@ -112,7 +112,7 @@ def plan(model_cls, config, dtype, split: Split) -> dict[str, int | str]:
     if split.cpu_only:
         free = {"cpu": free["cpu"]}
     budgets = {**({} if split.budgets else free), **split.budgets}
-    no_split = getattr(model_cls, "_no_split_modules", None)
+    no_split = model_cls._no_split_modules
     if split.strategy != "sequential":
         budgets = get_balanced_memory(empty, budgets, no_split_module_classes=no_split, dtype=dtype)
     device_map = infer_auto_device_map(empty, max_memory=budgets, no_split_module_classes=no_split, dtype=dtype)

@@ -132,7 +132,7 @@ class FastdllmLM(LM):
         tokenizer = self.lm.tokenizer
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = tokenizer.bos_token_id
-        authors_bos = getattr(self.lm.model, "eval_prompt_bos", False) and not self.templated
+        authors_bos = self.lm.model.eval_prompt_bos and not self.templated
         adds_bos = bos is not None and (authors_bos or tokenizer("x")["input_ids"][:1] == [bos])
         return [bos] + ids if adds_bos and ids[:1] != [bos] else ids
 
@@ -166,7 +166,7 @@ class FastdllmLM(LM):
 
     def _draws(self, cfg: DecodeConfig) -> bool:
         """Whether decoding draws random numbers (then the request is decoded alone: its stream)."""
-        renoise = getattr(self.lm.decoder.model, "sampler", "mask") == "renoise"
+        renoise = self.lm.decoder.model.sampler == "renoise"
         return cfg.temperature > 0 or cfg.confidence == "random" or renoise
 
     def _guarded(self, method, requests, placeholder):

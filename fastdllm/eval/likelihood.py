@@ -37,7 +37,7 @@ class Likelihood:
 
     def score(self, context: list[int], target: list[int]) -> tuple[float, bool]:
         lm = self.lm
-        if lm.model.attention.kind != "bidirectional":
+        if not lm.model.attention.bidirectional:
             raise UserError(f"{lm.path.name} has no Monte Carlo likelihood here: its attention is causal between "
                             f"blocks; run generation tasks (generate_until) with it")
         if not target:

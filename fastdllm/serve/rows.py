@@ -9,7 +9,8 @@ from dataclasses import replace
 import torch
 
 from ..decode.cache_modes import CACHE_MODES
-from ..decode.canvas import block_end, length
+from ..decode.canvas import block_end, on_grid
+from ..decode.canvas import fits as canvas_fits
 from ..decode.config import DecodeConfig
 from ..decode.events import answer_ids
 from ..units import plural
@@ -66,12 +67,12 @@ def config_for(key: tuple, gen_len: int) -> DecodeConfig:
 def fits(decoder, rows: list["Row"], key: tuple) -> bool:
     """The batch's canvas fits the model's context; a family decoded one row at a time (iLLaDA's
     `padded_batch_refusal`) takes no second row."""
-    if len(rows) > 1 and getattr(decoder.model, "padded_batch_refusal", None):
+    if len(rows) > 1 and decoder.model.padded_batch_refusal:
         return False
     cfg = config_for(key, max(r.remaining for r in rows))
-    causal = decoder.model.attention.kind == "block-causal"
-    return length([len(r.context) for r in rows], [_gen(r.remaining, cfg, causal) for r in rows],
-                  cfg.block_len, causal) <= decoder.context_length
+    causal = decoder.model.attention.causal
+    return canvas_fits([len(r.context) for r in rows], [_gen(r.remaining, cfg, causal) for r in rows],
+                       cfg.block_len, causal, decoder.context_length, grid=on_grid(cfg, causal))
 
 
 def _gen(remaining: int, cfg: DecodeConfig, causal: bool) -> int:
@@ -82,7 +83,7 @@ class Row:
     def __init__(self, job: Job, decoder):
         self.job, self.decoder = job, decoder
         cfg, n = job.cfg, len(job.prompt)
-        causal = decoder.model.attention.kind == "block-causal"
+        causal = decoder.model.attention.causal
         self.region = block_end(n + cfg.gen_len, cfg.block_len) - n if causal else cfg.gen_len
         self.decided: list[int] = []         # generated tokens of finished blocks (final)
         self.base = 0                        # len(decided) when the current batch was planned
