@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from fastdllm.checkpoints import loading  # noqa: E402
 from fastdllm.testing.tiny_random import FIXTURES, write_dream, write_llada  # noqa: E402
-from fastdllm.decode import engine  # noqa: E402
+from fastdllm.decode import mask_loop  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.decode.engine import Result, StepEvent, generate  # noqa: E402
 from fastdllm.decode.graphs import SpanForward  # noqa: E402
@@ -37,7 +37,7 @@ def decode(lm, prompts, cfg, graphs: bool):
         made.append(cls(model, canvas, cache, graphs=graphs, full_block=True, widen=widen))
         return made[-1]
 
-    engine.SpanForward.for_model = classmethod(factory)
+    mask_loop.SpanForward.for_model = classmethod(factory)
     steps, result = [], None
     for e in generate(lm.decoder, prompts, cfg):
         if isinstance(e, StepEvent):

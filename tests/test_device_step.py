@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastdllm.decode import device_step, engine
+from fastdllm.decode import device_step, mask_loop
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.device_step import DeviceStep
 from fastdllm.decode.engine import Result, StepEvent, generate
@@ -39,7 +39,7 @@ def decode(lm, prompts, cfg, monkeypatch, *, full_block: bool, on_device: bool, 
                         device_step=on_device))
         return made[-1]
 
-    monkeypatch.setattr(engine.SpanForward, "for_model", classmethod(factory))
+    monkeypatch.setattr(mask_loop.SpanForward, "for_model", classmethod(factory))
     events = list(generate(lm.decoder, prompts, cfg, gen_lens=gen_lens, holes=holes))
     steps = [(e.block, e.step, e.span, [p[c].tolist() for p, c in zip(e.positions, e.committed)],
               [t[c].tolist() for t, c in zip(e.tokens, e.committed)]) for e in events if isinstance(e, StepEvent)]

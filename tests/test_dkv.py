@@ -14,7 +14,7 @@ from mask_heavy import max_mask_probability
 from one_line import one_line_refusal
 from reference_dkv import dkv_generate
 
-from fastdllm.decode import engine
+from fastdllm.decode import mask_loop
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import Batch, StepEvent, generate, run
 from fastdllm.models.kv_cache import Slots
@@ -113,13 +113,13 @@ def test_the_delay_matters(llada64, monkeypatch):
     ref_steps = theirs(llada64, [prompt], cfg)[0]
     assert ours(llada64, [prompt], DecodeConfig(**{**cfg.to_dict(), "cache": "none"}))[0] != ref_steps
     batch = Batch(llada64.decoder, [prompt], cfg)
-    span_for = engine.span_for
+    span_for = mask_loop.span_for
 
     def undelayed(cfg, step, s, e, T, pending=None, **kw):
         now = Slots.delayed(batch.canvas.host == llada64.specials.mask, 0)
         return span_for(cfg, step, s, e, T, pending=now, **kw)
 
-    monkeypatch.setattr(engine, "span_for", undelayed)
+    monkeypatch.setattr(mask_loop, "span_for", undelayed)
     steps = [commits(event, [len(prompt)]) for event in batch.events() if isinstance(event, StepEvent)]
     assert len(steps) == len(ref_steps) and steps != ref_steps
 
@@ -193,9 +193,9 @@ def test_device_step_decodes_dkv_as_the_host_path(llada64, monkeypatch):
         used.append(forward)
         return forward
 
-    monkeypatch.setattr(engine.SpanForward, "for_model", classmethod(factory))
+    monkeypatch.setattr(mask_loop.SpanForward, "for_model", classmethod(factory))
     device = ours(llada64, [prompt], cfg)
-    assert used and engine.DeviceStep.applies(cfg, False)
+    assert used and mask_loop.DeviceStep.applies(cfg, False)
     assert device[:2] == host[:2] and device[2].canvas.tolist() == host[2].canvas.tolist()
 
 

@@ -137,7 +137,7 @@ def test_device_step_and_graphs_off(llada64, monkeypatch):
     """Where CUDA graphs would run (the forward built with graphs and the device step), the engine
     turns graphs off (the layers branch on the host's step count) and the eager device step decodes
     as the host path."""
-    from fastdllm.decode import engine
+    from fastdllm.decode import mask_loop
 
     prompt = prompt_of(llada64, False)
     host = ours(llada64, [prompt], cache_cfg())
@@ -147,9 +147,9 @@ def test_device_step_and_graphs_off(llada64, monkeypatch):
         used.append(cls(model, canvas, cache, graphs=True, full_block=True, widen=widen, device_step=True))
         return used[-1]
 
-    monkeypatch.setattr(engine.SpanForward, "for_model", classmethod(factory))
+    monkeypatch.setattr(mask_loop.SpanForward, "for_model", classmethod(factory))
     device = ours(llada64, [prompt], cache_cfg())
-    assert used and not used[0].graphs and engine.DeviceStep.applies(cache_cfg(), False)
+    assert used and not used[0].graphs and mask_loop.DeviceStep.applies(cache_cfg(), False)
     assert device[:2] == host[:2] and device[2].canvas.tolist() == host[2].canvas.tolist()
 
 

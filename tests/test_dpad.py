@@ -19,7 +19,7 @@ from mask_heavy import max_mask_probability, prompt_of
 from one_line import one_line_refusal
 from reference_dpad import dpad_generate, draw_suffix, gaussian_keep
 
-from fastdllm.decode import engine
+from fastdllm.decode import mask_loop
 from fastdllm.decode.canvas import plan
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate, run, stepper
@@ -297,9 +297,9 @@ def test_the_device_step_decodes_the_same(llada64, cache, monkeypatch):
         used.append(cls(model, canvas.clone(), cache, graphs=False, full_block=True, widen=widen, device_step=True))
         return used[-1]
 
-    monkeypatch.setattr(engine.SpanForward, "for_model", classmethod(factory))
+    monkeypatch.setattr(mask_loop.SpanForward, "for_model", classmethod(factory))
     device = ours(llada64, [prompt], cfg)
-    assert used and engine.DeviceStep.applies(cfg, False)
+    assert used and mask_loop.DeviceStep.applies(cfg, False)
     assert device[:3] == host[:3] and device[3].canvas.tolist() == host[3].canvas.tolist()
 
 

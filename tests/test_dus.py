@@ -162,12 +162,12 @@ def test_left_padded_batch_equals_its_rows(fixture, cache, request):
 
 def test_full_block_candidates_change_nothing(dream64, monkeypatch):
     """The CUDA-graph path's candidate list (every slot of the block, in position order)."""
-    from fastdllm.decode import engine
+    from fastdllm.decode import mask_loop
 
     prompts = [dream64.encode(p, chat=True) for p in ("Hi.", HEAVY_PROMPT)]
     cfg = DecodeConfig(gen_len=16, block_len=8, rule="dilated", cache="dual", early_stop=False)
     default = ours(dream64, prompts, cfg)
-    monkeypatch.setattr(engine.SpanForward, "for_model",
+    monkeypatch.setattr(mask_loop.SpanForward, "for_model",
                         classmethod(lambda cls, model, canvas, cache, widen=True: cls(model, canvas, cache, graphs=False,
                                                                                   full_block=True, widen=widen)))
     padded = ours(dream64, prompts, cfg)

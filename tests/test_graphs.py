@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdllm.decode import engine
+from fastdllm.decode import mask_loop
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate
 from fastdllm.decode.graphs import SpanForward, graphs_possible
@@ -34,7 +34,7 @@ def test_full_block_candidates_change_nothing(family, cache, rule, request, monk
                        early_stop=False)
     default_steps, default, default_widths = _steps(lm, prompts, cfg)
     assert default_widths != {8}                                    # normally only the masked positions
-    monkeypatch.setattr(engine.SpanForward, "for_model",
+    monkeypatch.setattr(mask_loop.SpanForward, "for_model",
                         classmethod(lambda cls, model, canvas, cache, widen=True: cls(model, canvas, cache, graphs=False,
                                                                                   full_block=True, widen=widen)))
     padded_steps, padded, padded_widths = _steps(lm, prompts, cfg)

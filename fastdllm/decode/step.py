@@ -6,30 +6,20 @@ from __future__ import annotations
 
 import torch
 
+from .accelerators import Accelerator, Slots
 from .constraint import RowConstraints
-from .credit import CreditTrace
 from .dilation import level_of
-from .growing import Bonus
 from .graphs import SpanForward
-from .klass import KlassTrace
-from .prophet import Check
 from .rules import RULES
 from .selection import authors_dtype, entropy_of, max_without, predict, select, select_edits
 
 
 def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
-                 credit: CreditTrace | None = None, check: Check | None = None,
-                 constraint: RowConstraints | None = None, klass: KlassTrace | None = None,
-                 bonus: Bonus | None = None):
+                accelerators: list[Accelerator] = ()):
     """One forward and one decision. block_masked (B, L): the active block's candidate positions;
     editable (B, L) or None: positions whose written token may be edited (then every position of
-    the block is read); credit: CreditDecoding's state (credit.py), whose fused logits the decision
-    reads; check: Prophet's stop test of this step (prophet.py), which reads more slots (X) and may
-    commit them all; constraint: the rows' grammar matchers (constraint.py), which mask the logits
-    at each constrained row's frontier and keep of the rule's choice the valid run from it (a host
-    round trip before the commit); klass: KLASS's KL history (klass.py), whose forward also reads the
-    next block where the span covers it; bonus: iLLaDA's end-think boosts of this step (growing.py),
-    added to the logits before anything reads them. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
+    the block is read); accelerators: the methods plugged in (accelerators/), each hook run over
+    them in their order. Returns positions, tokens, confidences, committed and edited (B, K [+ X])."""
     canvas = forward.canvas
     device = canvas.device
     whole = forward.full_block or editable is not None
@@ -39,39 +29,46 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     order = torch.arange(L).expand(B, L) if whole else \
         torch.argsort((~block_masked).to(torch.int8), dim=1, stable=True)[:, :int(block_masked.sum(1).max())]
     candidate = block_masked.gather(1, order)
-    positions = order + s if check is None else check.widen(order + s)   # prophet.py: + answer, other masks
+    positions = order + s
+    for a in accelerators:                      # slots also decided (Prophet: the answer, other masks)
+        positions = a.widen(span, positions)
     pos_dev = positions.to(device, non_blocking=True)
-    asked = pos_dev if klass is None else klass.widen(span, positions).to(device, non_blocking=True)
+    slots = Slots(span, s, order, candidate, positions, pos_dev, cfg, banned, generator)
+    asked = positions
+    for a in accelerators:                      # slots only read (KLASS: the next block)
+        asked = a.ask(span, asked)
+    asked = pos_dev if asked is positions else asked.to(device, non_blocking=True)
     logits = forward(span, asked).to(device)                                        # (B, K [+ X], V)
-    if klass is not None:
-        logits = klass.split(logits, candidate.any(1).to(device))   # keeps the next block's
-    if check is not None:
-        logits = check.test(logits)                     # the gap test; the block's (B, K, V) decide as usual
-    if bonus is not None:                       # growing.py: one logit per row raised, in place
-        logits = bonus.apply(logits, positions)
-    if credit is not None:                      # credit.py: logits + alpha log(1 + credit), after any graph
-        logits = credit(pos_dev - s, candidate.to(device), logits)
-    if constraint is not None:                  # the frontier's disallowed tokens to -inf, in place
-        logits = constraint.restrict(logits, candidate)
+    for a in accelerators:                      # back to the decided slots' logits, then transformed
+        logits = a.adjust(logits, slots)
     tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence, banned=banned,
                            generator=generator, softmax_dtype=authors_dtype(forward.model, logits))
-    kind = RULES[cfg.rule].bound
-    bound = (entropy_of(logits, cfg.temperature) if kind == "entropy" else                       # RND1's eb_gamma
-             torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device) if kind == "level"
-             else pos_dev[:, :order.shape[1]] if kind == "position"                               # LocalLeap's radius
-             else klass.stable(pos_dev - s, candidate.to(device), logits) if kind == "stable"      # KLASS
-             else None)                                                                           # DUS's levels
+    bound = rule_bound(RULES[cfg.rule].bound, logits, cfg, L, order, pos_dev)
+    for a in accelerators:                      # KLASS's stability
+        bound = a.bound(logits, slots) if bound is None else bound
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)
-    if check is not None:                               # an exiting row commits every mask it has
-        tokens, conf, chosen = check.fill(tokens, conf, chosen, candidate.to(device), cfg, banned, generator)
-    if constraint is not None:                  # only the valid run from each constrained row's frontier
-        tokens, chosen = (t.to(device) for t in constraint.decide(tokens.cpu(), chosen.cpu(), candidate))
+    for a in accelerators:                      # Prophet's fill, then the grammar's valid run
+        tokens, conf, chosen = a.decide(tokens, conf, chosen, slots)
     current = canvas.gather(1, pos_dev)
     edited = (torch.zeros_like(chosen) if editable is None else
               select_edits(tokens, conf, current, editable.gather(1, order).to(device), cfg.edit_threshold))
     canvas.scatter_(1, pos_dev, torch.where(chosen | edited, tokens, current))
     packed = torch.stack([tokens.double(), conf.double(), chosen.double(), edited.double()]).cpu()   # the one sync
     return positions, packed[0].long(), packed[1], packed[2].bool(), packed[3].bool()
+
+
+def rule_bound(kind: str | None, logits, cfg, L: int, order, pos_dev):
+    """The rule's own second number per candidate (B, K) (rules.Rule.bound), from the logits (B, K, V)
+    and the slots' block offsets `order` in a block of L; None where it has none or an accelerator
+    gives it (KLASS's "stable")."""
+    device = logits.device
+    if kind == "entropy":                                                    # RND1's eb_gamma
+        return entropy_of(logits, cfg.temperature)
+    if kind == "level":                                                      # DUS's levels
+        return torch.tensor(level_of(L, cfg.dilation_base, cfg.dilation_skip))[order].to(device)
+    if kind == "position":                                                   # LocalLeap's radius
+        return pos_dev[:, :order.shape[1]]
+    return None
 
 
 def complete_block(forward: SpanForward, model, host: torch.Tensor, s: int, e: int, mask: int,
