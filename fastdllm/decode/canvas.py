@@ -60,11 +60,11 @@ def plan(prompts: list[list[int]], cfg, *, mask: int, pad: int, causal: bool, co
         raise UserError("block_align prompt: block-causal attention decodes the blocks of its own grid, from the "
                         "row's first token (leave block_align unset)")
     grid = on_grid(cfg, causal)
-    T = length([len(p) for p in prompts], gen_lens, cfg.block_len, causal, grid)
-    if T > context_length:
+    if not fits([len(p) for p in prompts], gen_lens, cfg.block_len, causal, context_length, grid=grid):
         longest = max(len(p) for p in prompts)
         raise UserError(f"prompt ({longest} tokens) + gen_len ({cfg.gen_len}) = {longest + cfg.gen_len} exceeds "
                         f"the model's context of {context_length} tokens")
+    T = length([len(p) for p in prompts], gen_lens, cfg.block_len, causal, grid)
     return (_block_causal if causal else _on_grid if grid else _left_padded)(prompts, gen_lens, cfg, mask, pad, T)
 
 
@@ -80,6 +80,15 @@ def length(prompt_lens: list[int], gen_lens: list[int], block: int, causal: bool
     first = max(n // block * block for n in prompt_lens)            # the shared first decoded block
     end = (lambda n: block_end(n, block)) if causal else (lambda n: n)   # grid: the answer's end
     return max(first - n // block * block + end(n + g) for n, g in zip(prompt_lens, gen_lens))
+
+
+def fits(prompt_lens: list[int], gen_lens: list[int], block: int, causal: bool, context_length: int, *,
+         grid: bool = False, suffix: int = 0) -> bool:
+    """The one rule for "does the canvas fit the model's context", read by `plan`, by a served request
+    (serve/protocol.py: its prompt and max_tokens, before it is queued) and by a served batch
+    (serve/rows.py: the rows that may share it): the canvas length T of these rows (`length`), plus
+    an infilling suffix after the answer (one row), at most `context_length`."""
+    return length(prompt_lens, gen_lens, block, causal, grid) + suffix <= context_length
 
 
 def geometry(prompt_len: int, cfg, causal: bool) -> tuple[int, int]:

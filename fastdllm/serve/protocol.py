@@ -8,7 +8,7 @@ from typing import Any
 
 from ..checkpoints.plain_chat import plain_transcript
 from ..decode import profiles
-from ..decode.canvas import block_end
+from ..decode.canvas import block_end, fits, length
 from ..decode.config import DecodeConfig
 from ..errors import UserError
 from .errors import ApiError
@@ -225,8 +225,8 @@ def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, pr
     wanted = max_tokens or base.gen_len
     canvas = block_end(wanted, block)
     causal = server.lm.model.attention.kind == "block-causal"
-    needed = block_end(prompt_len + canvas, block) if causal else prompt_len + canvas + suffix_len
-    if needed > server.lm.context_length:
+    if not fits([prompt_len], [canvas], block, causal, server.lm.context_length, suffix=suffix_len):
+        needed = length([prompt_len], [canvas], block, causal) + suffix_len
         suffix = f", the suffix ({suffix_len} tokens)" if suffix_len else ""
         raise ApiError(400, f"the prompt ({prompt_len} tokens){suffix} and the answer's canvas ({canvas} tokens for "
                             f"max_tokens {wanted}) need {needed} tokens; this model's context is "
