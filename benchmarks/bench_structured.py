@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of structured output (docs/structured-output.md): the same prompts decoded with and
+"""The cost of structured output (docs/specs/structured-output.md): the same prompts decoded with and
 without a JSON Schema, one row each (a benchmark, not a test).
 
     python benchmarks/bench_structured.py                          # the built-in model, fp32

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The library comparison behind docs/structured-output.md section 4: llguidance and xgrammar on the
+"""The library comparison behind docs/specs/structured-output.md section 4: llguidance and xgrammar on the
 same tokenizers (tokenizer setup, schema compile, mask + consume per token, checking a run of
 tokens, refusals). Needs both installed (xgrammar is not a fastdllm dependency).
 

@@ -28,7 +28,7 @@ QWEN3_MOE = ("sdar_moe", "rnd1")                 # Qwen3-MoE's layer rule (decod
 
 
 # --- shapes ----------------------------------------------------------------------------------------
-# LLaDA2.2-mini: LLaDA2.1-mini's config plus block routing (docs/llada2-2.md §1; 48 of 256 experts per
+# LLaDA2.2-mini: LLaDA2.1-mini's config plus block routing (docs/specs/llada2-2.md §1; 48 of 256 experts per
 # block is a third-party figure, no 2.2 config.json was read)
 BLOCK_ROUTING = {"llada2.2-mini": {"expert_capacity": 48, "block_size": 32}}
 

@@ -145,7 +145,7 @@ def bench(
         check_infilling(chosen, cases, chat)
     if spec is not None:
         if chosen is not None and chosen.suffixes is not None:
-            raise UsageError("structured output: not combined with infilling prompts (docs/structured-output.md)")
+            raise UsageError("structured output: not combined with infilling prompts (docs/specs/structured-output.md)")
         cases, refused = bench_cases.with_constraint(cases, spec.kind)
         left_out += refused
         if not any(c.constraint for c in cases):

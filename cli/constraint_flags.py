@@ -1,4 +1,4 @@
-"""The structured-output flags of `generate` and `chat` (docs/structured-output.md), declared once:
+"""The structured-output flags of `generate` and `chat` (docs/specs/structured-output.md), declared once:
 --json-schema FILE, --regex PATTERN, --grammar FILE; at most one. A bad one exits 2 with one line."""
 
 from __future__ import annotations

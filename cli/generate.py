@@ -48,7 +48,7 @@ def generate(
     if infill_file is not None or suffix is not None or suffix_file is not None:
         if spec is not None:
             raise UsageError("structured output: not combined with infilling (the text after a hole is not part "
-                             "of the sentence; docs/structured-output.md)")
+                             "of the sentence; docs/specs/structured-output.md)")
         from .infill import infill
 
         return infill(opts, prompt, file, suffix, suffix_file, infill_file, chat=chat, trim=trim, json_out=json_out,

@@ -44,7 +44,7 @@ def published_config(shape: str) -> dict | None:
 
         text = {k: v for k, v in PUBLISHED_TEXT.items() if k not in ("num_hidden_layers", "vocab_size",
                                                                      "final_logit_softcapping", "max_position_embeddings")}
-        # 30 layers, five sliding-window layers then one global (docs/diffusion-gemma.md §1)
+        # 30 layers, five sliding-window layers then one global (docs/specs/diffusion-gemma.md §1)
         layers = tuple("full_attention" if i % 6 == 5 else "sliding_attention" for i in range(30))
         config = gemma_config(vocab_size=PUBLISHED_TEXT["vocab_size"], layer_types=layers, canvas_length=256, **text)
         return config

@@ -1,4 +1,4 @@
-"""Peak resident memory of loading a Q4_K_M GGUF file kept quantized (docs/gguf.md 11), against the
+"""Peak resident memory of loading a Q4_K_M GGUF file kept quantized (docs/specs/gguf.md 11), against the
 file's size. Builds a LLaDA-shaped file of a few hundred MB once (random weights, the tests' writer:
 tests/test_gguf.py's write_gguf with tests/test_gguf_int4.py's Q4_K_M mix), then loads it in a fresh
 process per case and reads that process's peak RSS (ru_maxrss).

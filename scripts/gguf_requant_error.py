@@ -1,4 +1,4 @@
-"""How far fastdllm's int4 and int8 kernels' weights are from a GGUF tensor's own values (docs/gguf.md 11).
+"""How far fastdllm's int4 and int8 kernels' weights are from a GGUF tensor's own values (docs/specs/gguf.md 11).
 
 For each GGUF type (Q4_0 by the gguf package's quantizer; Q4_K, Q5_K, Q6_K by checkpoints/gguf_kquants.py)
 and two kinds of weights (normal, and Student-t with 4 degrees of freedom: heavy tails), prints the

@@ -12,7 +12,7 @@ Which type each tensor gets, as llama.cpp decides it (read, not copied):
 Bytes per value: F32 4, F16 2, Q8_0 34/32, Q4_K 144/256, Q6_K 210/256 (gguf-py GGML_QUANT_SIZES).
 The figure is the tensor data only: the header (the vocabulary, a few MB) is not counted.
 
-fastdllm on a CPU (docs/gguf.md 10-11): Q4_K -> int4 (0.5 + 5/32 bytes a weight), Q6_K and Q8_0
+fastdllm on a CPU (docs/specs/gguf.md 10-11): Q4_K -> int4 (0.5 + 5/32 bytes a weight), Q6_K and Q8_0
 (with --quantize int8) -> int8 rows (1 byte); the embedding int8, the head bf16 (int8 only where
 this CPU runs W8A8: the larger is taken), norms and routers bf16; plus the 384-token bf16 cache.
 

@@ -15,7 +15,7 @@ gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 
-# --- the writer: llama.cpp's convert_hf_to_gguf.py (conversion/llada.py, base.py) as docs/gguf.md says ---
+# --- the writer: llama.cpp's convert_hf_to_gguf.py (conversion/llada.py, base.py) as docs/specs/gguf.md says ---
 
 def converter_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Per head, rows in halves (i, i + hd/2) -> interleaved pairs (2i, 2i+1): llama.cpp's rope order."""
@@ -138,7 +138,7 @@ def round_tripped(src: Path, out: Path, qtype: str, keep: tuple[str, ...] = ()) 
     return out
 
 
-# --- LLaDA-MoE: conversion/llada.py LLaDAMoEModel(TextModel) as docs/gguf.md 12 says ---
+# --- LLaDA-MoE: conversion/llada.py LLaDAMoEModel(TextModel) as docs/specs/gguf.md 12 says ---
 
 # the published names -> llama.cpp's (gguf-py tensor_mapping.py rows of MODEL_ARCH.LLADA_MOE's tensors),
 # written here independently of fastdllm's table

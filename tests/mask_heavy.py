@@ -6,7 +6,7 @@ The writers scale the mask row of the head down (or leave it random), so p(mask)
 model predicts often (the second most often: the first would take the confidence of so many
 positions that no step commits more than one): wherever that word wins, the mask's logit is 0.95
 times the winner's (p(mask) 0.1-0.3 on these fixtures), yet the mask itself stays below it. The references ban
-the mask id from the argmax as fastdllm does (docs/llada2-moe.md Q5), so nothing else changes."""
+the mask id from the argmax as fastdllm does (docs/specs/llada2-moe.md Q5), so nothing else changes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """An independent, deliberately naive transcription of the two block-diffusion reference decoders,
-written for these tests from docs/sdar.md (R2, JetAstra/SDAR's evaluation harness) and
-docs/fast-dllm-v2.md (S2, the checkpoint's `generate`), with the decisions of each doc's §7 applied:
+written for these tests from docs/specs/sdar.md (R2, JetAstra/SDAR's evaluation harness) and
+docs/specs/fast-dllm-v2.md (S2, the checkpoint's `generate`), with the decisions of each doc's §7 applied:
 
 - SDAR: prefill of the whole prompt blocks when L >= B; quota schedule; R2's guard (a non-mask is
   never rewritten); strict `>` threshold; ties: lowest position first; no store pass after the last

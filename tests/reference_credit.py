@@ -17,7 +17,7 @@ refresh forward over the whole canvas (their `require_update` at block entry), e
 the cached forward (prefix: the block and everything after it; dual: the block alone); without a
 cache every call runs the whole canvas. One call = one forward = one step.
 
-What is not theirs, on purpose (docs/accelerators.md 4.4, docs/llada2-moe.md Q5):
+What is not theirs, on purpose (docs/accelerators.md 4.4, docs/specs/llada2-moe.md Q5):
 - the credit is zeroed at every block start (theirs is keyed by the block's (start, end) and is
   cleared only when the whole canvas has no mask left, so it leaks into the next generation);
 - the loop stops as soon as the block has no mask (their unrolling and the cached forward after a

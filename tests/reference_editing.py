@@ -1,5 +1,5 @@
 """An independent float64 transcription of LLaDA2.1's decoder with token editing (the checkpoint's
-own `generate`, docs/llada2-editing.md §1), written for these tests from the docs, greedy only:
+own `generate`, docs/specs/llada2-editing.md §1), written for these tests from the docs, greedy only:
 
 per block on the absolute grid (from the block holding the prompt's end), loop without a step cap:
   1. if the block has no mask: one more post-fill round; past `max_post_steps` of them, the block ends

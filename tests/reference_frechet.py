@@ -16,7 +16,7 @@ vocabulary; the mask id stays in the normaliser and, with `ban_mask`, out of the
 fastdllm). The block loop is Fast-dLLM's (their `generate`, `generate_with_prefix_cache`,
 `generate_with_dual_cache` with `frechet_margin`), on tests/reference.py's NaiveLM, the same
 as `reference_generate` there. Decided where theirs leaves it open: among equal confidences the
-lower position first (their `torch.sort` is not stable; fastdllm's ties, docs/ranking.md).
+lower position first (their `torch.sort` is not stable; fastdllm's ties, docs/specs/ranking.md).
 """
 
 from __future__ import annotations

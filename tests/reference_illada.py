@@ -1,6 +1,6 @@
-"""An independent float64 transcription of iLLaDA's forward (docs/illada.md 1.3) and of its authors'
+"""An independent float64 transcription of iLLaDA's forward (docs/specs/illada.md 1.3) and of its authors'
 decoding (ML-GSAI/LLaDA generate.py at 9182493: `generate`, `var_generate` and the end-of-thinking
-boost; docs/illada.md 3.1-3.4), written for these tests from that spec.
+boost; docs/specs/illada.md 3.1-3.4), written for these tests from that spec.
 
 It shares no code with fastdllm: the weights are read from the checkpoint's safetensors by their
 names; every step is one plain forward of the whole sequence (no cache, no attention mask, RoPE
@@ -12,7 +12,7 @@ by one block of masks per call. One known difference is a switch:
   ends). Both agree wherever the mask is not the argmax.
 
 The stop test between blocks is on ids (a stop id among the generated tokens), where the authors
-test text for stop strings (docs/illada.md 7.3).
+test text for stop strings (docs/specs/illada.md 7.3).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class NaiveILLaDA:
         self.layers, self.heads, self.kv_heads = c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
         self.dim = c["hidden_size"] // self.heads
         self.theta, self.eps = c["rope_theta"], c["rms_norm_eps"]
-        # the head: lm_head.weight unless tied, or when the shards lack it (docs/illada.md 7.1)
+        # the head: lm_head.weight unless tied, or when the shards lack it (docs/specs/illada.md 7.1)
         tied = c.get("tie_word_embeddings", True) or "lm_head.weight" not in self.w
         self.head = self.w["model.embed_tokens.weight"] if tied else self.w["lm_head.weight"]
 
@@ -88,7 +88,7 @@ def holds(seq: list[int], run: list[int]) -> bool:
 
 
 def end_think_boost(logits, x, s, e, think: dict, mask_id: int) -> None:
-    """docs/illada.md 3.4, in place on logits (B, L, V); think: ids S, start c, length T, boost, power."""
+    """docs/specs/illada.md 3.4, in place on logits (B, L, V); think: ids S, start c, length T, boost, power."""
     S, c = think["ids"], think["start"]
     for row in range(x.shape[0]):
         if holds(x[row, c:].tolist(), S):

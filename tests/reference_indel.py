@@ -1,5 +1,5 @@
 """An independent float64 transcription of LLaDA2.2's insert/delete (InDel) decoder as
-docs/llada2-2.md §3 states it (SGLang's JointThresholdInDel as first proposed, with the released
+docs/specs/llada2-2.md §3 states it (SGLang's JointThresholdInDel as first proposed, with the released
 generate's post-edit boundary and a later version's budget 0 and step cap), written for these
 tests, greedy only, batch 1, no cache.
 

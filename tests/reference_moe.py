@@ -1,6 +1,6 @@
 """An independent, deliberately naive float64 transcription of the two MoE diffusion families and their
-reference decoders, written for these tests from docs/llada2-moe.md (H1: the checkpoint's own forward
-and `generate`; D1's decode rule as a second rule) and docs/llada-moe.md (M1 forward, M2: the model
+reference decoders, written for these tests from docs/specs/llada2-moe.md (H1: the checkpoint's own forward
+and `generate`; D1's decode rule as a second rule) and docs/specs/llada-moe.md (M1 forward, M2: the model
 card's `generate`), with the docs' Decisions applied:
 
 - Greedy only (temperature 0 = argmax, first index on ties; confidence = float64 softmax probability
@@ -65,7 +65,7 @@ def llada2_route(logits, bias, *, n_group, topk_group, k, scale, group_limit=Tru
 
 
 def llada2_block_route(logits, bias, *, capacity, block_size, k, scale):
-    """LLaDA2.2's block routing (docs/llada2-2.md §2), for a sequence at positions 0..n-1 (logits (n, E)):
+    """LLaDA2.2's block routing (docs/specs/llada2-2.md §2), for a sequence at positions 0..n-1 (logits (n, E)):
     tokens t with equal t // block_size share a block; an expert's block score is the max over the
     block's tokens of sigmoid + bias; the block keeps the `capacity` best (lowest index on ties); each
     token takes its k best biased scores among them, no group limiting; weights as llada2_route.

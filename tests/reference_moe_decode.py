@@ -41,7 +41,7 @@ class Trace:
 
     @property
     def nfe_with_store(self):
-        """docs/llada2-moe.md Q7: a block-causal cache adds one store forward per finished block, none
+        """docs/specs/llada2-moe.md Q7: a block-causal cache adds one store forward per finished block, none
         after the last block decoded."""
         return self.nfe + len(self.blocks) - 1
 

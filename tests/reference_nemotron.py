@@ -1,5 +1,5 @@
 """An independent float64 transcription of Nemotron-Labs Diffusion's reference code (the checkpoint's
-modeling_nemotron_labs_diffusion.py on the Ministral-3 backbone; docs/nemotron-diffusion.md),
+modeling_nemotron_labs_diffusion.py on the Ministral-3 backbone; docs/specs/nemotron-diffusion.md),
 written from the doc and the sources, not from fastdllm: plain loops, a list cache grown and cropped
 as transformers' DynamicCache, RoPE inverse frequencies from transformers' own YaRN function.
 

@@ -1,5 +1,5 @@
 """An independent, deliberately naive float64 transcription of RND1 for these tests, written from
-docs/rnd1.md (RadicalNumerics/RND1 `rnd/sampling.py diffusion_sample`, read, not copied).
+docs/specs/rnd1.md (RadicalNumerics/RND1 `rnd/sampling.py diffusion_sample`, read, not copied).
 
 Forward: the Qwen3-MoE transcription of tests/reference_sdar_moe.py (heads looped, every expert on
 every token, top-k by sorting) with every key visible to every query (no mask, no cache), logits

@@ -1,5 +1,5 @@
 """An independent, deliberately naive float64 transcription of SDAR-30B-A3B's forward, written for
-these tests from docs/sdar-moe.md: dense SDAR's Qwen3 decoder (tests/reference_blockdiff.py's
+these tests from docs/specs/sdar-moe.md: dense SDAR's Qwen3 decoder (tests/reference_blockdiff.py's
 NaiveQwen: heads looped, keys cached after RoPE, block-causal masks given by the caller) with every
 MLP replaced by Qwen3-MoE's where the layer is sparse. Decoding is dense SDAR's, unchanged:
 reference_blockdiff.sdar_generate runs on this model as it runs on the dense one.
@@ -10,7 +10,7 @@ divided by their sum when `norm_topk_prob`; then every expert runs on every toke
 combined with a dense (tokens, experts) weight matrix that is zero where an expert was not chosen.
 A layer is sparse unless it is in `mlp_only_layers` or (layer + 1) is not a multiple of
 `decoder_sparse_step`. Shares no code with fastdllm; reads config.json and the shards by tensor name,
-asserting the exact set of names docs/sdar-moe.md §2 lists."""
+asserting the exact set of names docs/specs/sdar-moe.md §2 lists."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """An independent transcription of Steerling's forward and `SteerlingGenerator.generate_full`
-(steerling 0.2.0, docs/steerling.md 3-5), written from reading the authors' code: plain loops, the
+(steerling 0.2.0, docs/specs/steerling.md 3-5), written from reading the authors' code: plain loops, the
 whole canvas every step, the authors' fp32 points (RMSNorm normalises in fp32, RoPE rotates in
 fp32, the rule reads fp32 logits), the concept heads computed and composed with the epsilon
 correction so that the path whose result fastdllm skips is exercised. Batch 1."""

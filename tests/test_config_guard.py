@@ -1,4 +1,4 @@
-"""Never silently wrong about a checkpoint (docs/config-guard.md): every published config.json
+"""Never silently wrong about a checkpoint (docs/specs/config-guard.md): every published config.json
 loads with nothing refused and no key unknown, while each switch a family's authors use to change
 the forward or the decoder, set to a value fastdllm does not implement, is refused in one line that
 names the key and the family, in every command (info warns instead)."""
@@ -96,7 +96,7 @@ def family_class(raw: dict):
 
 
 def test_llada22_block_routing_and_edit_tokens_load(tmp_path):
-    """Block routing and InDel's edit tokens are implemented (docs/llada2-2.md §2, §3); a routing
+    """Block routing and InDel's edit tokens are implemented (docs/specs/llada2-2.md §2, §3); a routing
     block other than 32 is not."""
     raw = dict(PUBLISHED["inclusionAI__LLaDA2.1-mini"], expert_capacity=48, block_size=32,
                delete_token_id=156930, split_token_id=156931)

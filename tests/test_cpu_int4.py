@@ -78,7 +78,7 @@ def test_codes_multipliers_and_row_scales_are_what_the_format_says():
 
 
 def test_accuracy_on_random_weights_is_what_the_doc_says():
-    """Relative RMS weight error, std-0.02 Gaussian (docs/cpu-quantization.md, 2): 8.6%, as q4_0's
+    """Relative RMS weight error, std-0.02 Gaussian (docs/specs/cpu-quantization.md, 2): 8.6%, as q4_0's
     (symmetric groups of 32, an fp16 step each) on the same weights."""
     torch.manual_seed(0)
     w = torch.randn(1024, 896) * 0.02

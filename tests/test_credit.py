@@ -207,7 +207,7 @@ def test_no_credit_leaks_into_the_next_generation(llada64):
 
 
 def test_dinfers_own_mask_rule_agrees_on_these_fixtures(llada64_heavy_mask):
-    """The transcription bans the mask id from the prediction (docs/llada2-moe.md Q5); dInfer drops
+    """The transcription bans the mask id from the prediction (docs/specs/llada2-moe.md Q5); dInfer drops
     a position whose fused argmax is the mask id instead. On the mask-heavy fixture the two agree
     (the mask is never the fused argmax there), so the equality above holds for dInfer's own rule."""
     lm = llada64_heavy_mask

@@ -1,4 +1,4 @@
-"""Token editing (LLaDA2.1, docs/llada2-editing.md) against the independent float64 transcription of
+"""Token editing (LLaDA2.1, docs/specs/llada2-editing.md) against the independent float64 transcription of
 the checkpoint's `generate` (tests/reference_editing.py) on tiny LLaDA2 checkpoints: the masks
 committed and the tokens edited at every step, post-fill rounds and how each block ends, NFE, the
 final canvas; every cache mode; prompts on and off block boundaries; batches against rows alone;

@@ -1,4 +1,4 @@
-"""GGUF files of the Qwen-layout families (docs/gguf.md section 9): tiny Dream and RND1 checkpoints
+"""GGUF files of the Qwen-layout families (docs/specs/gguf.md section 9): tiny Dream and RND1 checkpoints
 written as llama.cpp's converter writes them (conversion/dream.py, conversion/qwen.py RND1Model:
 TextModel's keys, Qwen2/Qwen3-MoE tensor names, experts stacked into 3-D tensors, no permutation),
 then decoded by fastdllm in float64: the same tokens and NFE as the safetensors folder at F32, and

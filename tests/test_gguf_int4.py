@@ -1,4 +1,4 @@
-"""The 4-bit GGUF types kept quantized (checkpoints/gguf_int4.py, gguf_int8.py; docs/gguf.md 11): Q4_0
+"""The 4-bit GGUF types kept quantized (checkpoints/gguf_int4.py, gguf_int8.py; docs/specs/gguf.md 11): Q4_0
 and Q4_K into fastdllm's int4 kernels, Q6_K / Q5_K into int8 rows, each the fastdllm quantization of
 the gguf package's own dequantization; exact where the file's values lie on fastdllm's int4 grid;
 int4 by default for a 4-bit file on a CPU. The k-quant blocks come from checkpoints/gguf_kquants.py,

@@ -1,4 +1,4 @@
-"""Q8_0 kept quantized (`--quantize int8` on a GGUF file; checkpoints/gguf_int8.py, docs/gguf.md 10):
+"""Q8_0 kept quantized (`--quantize int8` on a GGUF file; checkpoints/gguf_int8.py, docs/specs/gguf.md 10):
 the block linears' int8 rows are fastdllm's per-row quantization of the gguf package's float32
 dequantization, made without a float copy of those weights, and the error of that re-quantization
 stays within half an int8 step of the row."""

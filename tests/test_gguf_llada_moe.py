@@ -1,4 +1,4 @@
-"""GGUF files of LLaDA-MoE (docs/gguf.md section 12): the tiny LLaDA-MoE checkpoint in its published
+"""GGUF files of LLaDA-MoE (docs/specs/gguf.md section 12): the tiny LLaDA-MoE checkpoint in its published
 layout written as llama.cpp's converter writes it (conversion/llada.py LLaDAMoEModel: TextModel's keys,
 the published names mapped by gguf-py's tables, experts stacked into 3-D tensors, no permutation,
 the router F32), then decoded by fastdllm in float64: the same tokens and NFE as the safetensors

@@ -1,10 +1,10 @@
-"""iLLaDA (docs/illada.md) on tiny random checkpoints in the layout its spec describes
+"""iLLaDA (docs/specs/illada.md) on tiny random checkpoints in the layout its spec describes
 (fastdllm/testing/tiny_illada.py), against the independent float64 transcription of its forward
 and of its authors' generate / var_generate / end-of-thinking boost (tests/reference_illada.py):
 committed tokens and NFE equal with the growing canvas on and off, a stop in the middle of a block,
 the stop in the last block, steps < block_len, the boost with a one-id and a multi-id `</think>`
 (the partial-prefix case); loading (tied head with and without lm_head.weight in the shards, an
-untied one, dispatch by architecture name); every refusal of docs/illada.md 8 in one line."""
+untied one, dispatch by architecture name); every refusal of docs/specs/illada.md 8 in one line."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_profiles_resolve_the_authors_settings(folders):
     assert generic.variable_length and generic.block_len == 32                # the family's defaults
 
 
-# --- refusals (docs/illada.md 8) ----------------------------------------------------------------------
+# --- refusals (docs/specs/illada.md 8) ----------------------------------------------------------------------
 
 def _edited(folder, tmp_path, config=None, tokenizer=None):
     path = shutil.copytree(folder, tmp_path / "edited")

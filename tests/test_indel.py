@@ -1,4 +1,4 @@
-"""LLaDA2.2's insert/delete decoding (docs/llada2-2.md §3) against the independent float64
+"""LLaDA2.2's insert/delete decoding (docs/specs/llada2-2.md §3) against the independent float64
 transcription tests/reference_indel.py, step by step: masks committed, tokens edited, DELETE and
 SPLIT positions, the block after the edits, block ends, NFE; under every cache mode, prompts on and
 off the block grid, a batch against its rows alone. The fixture makes deletions, insertions and the
@@ -131,7 +131,7 @@ class Scripted:
 
 @pytest.mark.parametrize("post", [0, 1, 3])
 def test_the_step_cap_force_finishes_as_sglang(post):
-    """docs/llada2-2.md §3 4 (ID-2): a block's step whose count exceeds block_size + budget writes
+    """docs/specs/llada2-2.md §3 4 (ID-2): a block's step whose count exceeds block_size + budget writes
     every mask (DELETE/SPLIT replaced by the runner-up) and ends the block; the step reaching it is
     an ordinary one. RowBlock's steps against the reference's on the scripted model."""
     fake, ref.BANNED[:] = Scripted(), [Scripted.MASK]

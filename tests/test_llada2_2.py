@@ -1,4 +1,4 @@
-"""LLaDA2.2's block routing (docs/llada2-2.md §2) against the independent float64 transcription in
+"""LLaDA2.2's block routing (docs/specs/llada2-2.md §2) against the independent float64 transcription in
 tests/reference_moe.py (`llada2_block_route`): logits, every token's experts and weights, and every
 block's kept experts; then decoding, which must stay the checkpoint's generate (and its editing
 decoder) under every cache mode the LLaDA2 profiles use, prompts on and off the block grid, and a

@@ -131,7 +131,7 @@ def decode(lm, prompts, cfg):
     ("llada2_heavy_mask", 5, 32, 0.7), ("llada2_heavy_mask", 32, 32, 0.95), ("llada2_heavy_mask", 33, 16, 0.7),
     ("llada2_heavy_mask", 63, 8, 0.7)])
 def test_llada2_decodes_as_its_generate(checkpoints, name, length, per_block, threshold):
-    """H1's generate (docs/llada2-moe.md §6.1) with the dynamic rule: the same commits at every step
+    """H1's generate (docs/specs/llada2-moe.md §6.1) with the dynamic rule: the same commits at every step
     under every cache mode (block-causal: exact); NFE = H1's + one store pass per block kept (Q7)."""
     lm, naive = checkpoints(name)
     prompt = prompt_of(length, seed=length)
@@ -152,7 +152,7 @@ def test_llada2_decodes_as_its_generate(checkpoints, name, length, per_block, th
 @pytest.mark.parametrize("name, length, threshold", [("llada2", 11, 0.8), ("llada2", 32, 0.9), ("llada2", 33, 0.9), ("llada2_b", 5, 0.8),
                                                      ("llada2_heavy_mask", 5, 0.7), ("llada2_heavy_mask", 33, 0.9)])
 def test_llada2_decodes_as_dinfer(checkpoints, name, length, threshold):
-    """D1's threshold decoder (docs/llada2-moe.md 6.3), our `dinfer` rule: the same commits at every
+    """D1's threshold decoder (docs/specs/llada2-moe.md 6.3), our `dinfer` rule: the same commits at every
     step under every cache mode; NFE = D1's without its unrolled extra forwards, plus the store passes."""
     lm, naive = checkpoints(name)
     prompt = prompt_of(length, seed=length)
@@ -171,7 +171,7 @@ def test_llada2_decodes_as_dinfer(checkpoints, name, length, threshold):
 @pytest.mark.parametrize("name, length, steps", [("llada_moe", 13, 64), ("llada_moe", 40, 32), ("llada_moe_b", 7, 32),
                                                  ("llada_moe_heavy_mask", 13, 64), ("llada_moe_heavy_mask", 40, 32)])
 def test_llada_moe_decodes_as_the_model_card(checkpoints, name, length, steps):
-    """The card's generate (docs/llada-moe.md §5.1): our `fixed` rule without a cache, step by step."""
+    """The card's generate (docs/specs/llada-moe.md §5.1): our `fixed` rule without a cache, step by step."""
     lm, naive = checkpoints(name)
     prompt = prompt_of(length, seed=length)
     trace = ref.llada_moe_generate(naive, prompt, mask_id=lm.specials.mask, gen_length=64, block_length=32, steps=steps)

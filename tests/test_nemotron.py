@@ -1,4 +1,4 @@
-"""Nemotron-Labs Diffusion (docs/nemotron-diffusion.md): the tiny checkpoint in the published layout,
+"""Nemotron-Labs Diffusion (docs/specs/nemotron-diffusion.md): the tiny checkpoint in the published layout,
 its loading and config guard, and float64 logits of both attention modes against an independent
 transcription of the reference forward (tests/reference_nemotron.py) and, causal, against
 transformers' own Ministral-3. Positions run past original_max_position_embeddings (16 in the tiny

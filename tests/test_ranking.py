@@ -1,4 +1,4 @@
-"""Candidates ranked as the authors rank them (docs/ranking.md): on peaked rows (maxima 20-100,
+"""Candidates ranked as the authors rank them (docs/specs/ranking.md): on peaked rows (maxima 20-100,
 confidences ~0.99993 a few 1e-7 apart, LLaDA's vocabulary) fastdllm's order of the candidates in
 fp32 and bf16 is the order of a float64 softmax-then-gather of the same logits (LLaDA's authors'
 computation), exact ties included (duplicated rows, saturated ones); where the authors' softmax
@@ -97,7 +97,7 @@ def test_margin_and_entropy_rank_as_float64():
 @pytest.mark.parametrize("rule, extra", [("fixed", {"steps": 16}), ("threshold", {"threshold": 0.95}),
                                          ("factor", {"factor": 1.0})])
 def test_exact_ties_go_to_the_lowest_position_first(rule, extra):
-    """docs/ranking.md's decision: among equal confidences the lowest position is committed first,
+    """docs/specs/ranking.md's decision: among equal confidences the lowest position is committed first,
     in every rule and batch row, whatever else the row holds (saturated rows at 1.0, a block's
     end-of-text padding). A row whose ties are shuffled among other values keeps the same choice."""
     from fastdllm.decode.config import DecodeConfig
@@ -125,7 +125,7 @@ def test_exact_ties_go_to_the_lowest_position_first(rule, extra):
 
 def test_lowest_first_is_torch_topk_on_the_cpu_for_one_token_a_step():
     """The authors' baseline (one token a step over a whole canvas) takes torch.topk(conf, 1); on the
-    CPU its kernel keeps the first of equal maxima (what docs/ranking.md measured), as fastdllm does;
+    CPU its kernel keeps the first of equal maxima (what docs/specs/ranking.md measured), as fastdllm does;
     for larger k its order among ties is the kernel's, which the decision does not follow."""
     conf = torch.zeros(100, dtype=torch.float64)
     conf[[12, 32, 34, 18]] = 1.0

@@ -1,5 +1,5 @@
 """The tiny block-diffusion checkpoints (fastdllm/testing/tiny_blockdiff.py) and the naive reference decoders
-(tests/reference_blockdiff.py) themselves: files and names as docs/fast-dllm-v2.md and docs/sdar.md
+(tests/reference_blockdiff.py) themselves: files and names as docs/specs/fast-dllm-v2.md and docs/specs/sdar.md
 state, tokenizer ids, the naive forward against transformers' Qwen2/Qwen3, and the decoders' own
 invariants (quotas, one token per step, AR tokens, NFE formulas, exact prefix cache, prompt lengths)."""
 

@@ -122,7 +122,7 @@ def llada32_peaked(tmp_path_factory):
 @pytest.mark.parametrize("rule", ["fixed", "threshold"])
 def test_fp32_with_large_logits_decodes_as_the_reference_in_fp32(llada32_peaked, cache, rule):
     """The reference's forward in fp32 and its float64 softmax of those logits (LLaDA's authors'):
-    the same tokens at the same steps as fastdllm in fp32 (docs/ranking.md)."""
+    the same tokens at the same steps as fastdllm in fp32 (docs/specs/ranking.md)."""
     lm = llada32_peaked
     prompt = lm.encode(HEAVY_PROMPT, chat=True)
     extra = {"threshold": 0.9} if rule == "threshold" else {"steps": 32}

@@ -1,5 +1,5 @@
 """The tiny MoE checkpoints (fastdllm/testing/tiny_moe.py) and the naive references (tests/reference_moe.py)
-themselves: files, config keys and tensor names as docs/llada2-moe.md and docs/llada-moe.md state,
+themselves: files, config keys and tensor names as docs/specs/llada2-moe.md and docs/specs/llada-moe.md state,
 tokenizer ids and chat templates, the MoE blocks against transformers' DeepSeek-V3 / OLMoE blocks (the
 same router math), attention patterns, partial RoPE, and the decoders' own invariants."""
 

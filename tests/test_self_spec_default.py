@@ -1,5 +1,5 @@
 """Nemotron's `--mode self_spec` with no rule drafts as the checkpoint's linear_spec_generate does
-by default (threshold 0: one draft forward fills every mask, docs/nemotron-diffusion.md 5), not by
+by default (threshold 0: one draft forward fills every mask, docs/specs/nemotron-diffusion.md 5), not by
 the family profile's block-decoding threshold 0.9; a rule or threshold named with the mode, or
 after it, is kept. On the tiny Nemotron the default equals the reference's threshold-0 run."""
 

@@ -1,4 +1,4 @@
-"""Steerling (docs/steerling.md): the Hub layout loads (tiny random weights, small cl100k-format
+"""Steerling (docs/specs/steerling.md): the Hub layout loads (tiny random weights, small cl100k-format
 rank file), the forward equals an independent transcription, and `fastdllm` decodes as the
 authors' generate_full: tokens, NFE and stop equal in float64 against tests/reference_steerling.py
 (prompts of lengths off the block grid, blocks of 8 and 64, steps per block 1..8, greedy, entropy

@@ -1,4 +1,4 @@
-"""Structured output (docs/structured-output.md): every answer that claims to be complete parses and
+"""Structured output (docs/specs/structured-output.md): every answer that claims to be complete parses and
 validates, checked by an independent validator (jsonschema, re.fullmatch, json + the grammar's shape),
 on random-weight tiny models of four families (LLaDA, Dream, SDAR, Fast-dLLM v2: bidirectional and
 block-causal, shifted and not) in every cache mode under the threshold and factor rules; an answer

@@ -53,7 +53,7 @@ CANVAS_CONFIGS = {row.name: row for row in [
     Row("parallel", {"cache": "none", **_FAST}, "blocks of 32, no cache, commit every token with probability >= 0.9"),
     Row("dual+parallel", {"cache": "dual", **_FAST}, "blocks of 32, DualCache + threshold 0.9 (Fast-dLLM's setting)"),
 ]}
-# LLaDA2.1 (its model card's modes, docs/llada2-editing.md): token editing against the same commit
+# LLaDA2.1 (its model card's modes, docs/specs/llada2-editing.md): token editing against the same commit
 # thresholds without it, over the prefix cache (exact: block-causal)
 def _mode(threshold: float, edit: float | None) -> dict:
     return {"cache": "prefix", "rule": "dynamic", "threshold": threshold, "steps": "none",
@@ -68,12 +68,12 @@ EDIT_CONFIGS = {row.name: row for row in [
     Row("edit-speed", _mode(0.5, 0.0), "the model card's Speed mode: as speed-no-edit, and every changed prediction "
                                        "of a written token edited, up to 16 edit-only rounds"),
 ]}
-# LLaDA2.2 (docs/llada2-2.md §3): insert/delete editing against Speed-mode editing without it
+# LLaDA2.2 (docs/specs/llada2-2.md §3): insert/delete editing against Speed-mode editing without it
 INDEL_CONFIGS = {row.name: row for row in [
     Row("indel", {**_mode(0.5, 0.0), "indel": True}, "LLaDA2.2's InDel decoding: edit-speed plus DELETE and SPLIT "
                                                      "tokens, anti-loop, forced finish after 16 post-fill rounds"),
 ]}
-# Nemotron-Labs Diffusion (docs/nemotron-diffusion.md): its three decoders, each as its authors ship it
+# Nemotron-Labs Diffusion (docs/specs/nemotron-diffusion.md): its three decoders, each as its authors ship it
 SEEDED_CONFIGS = {row.name: row for row in [
     Row("baseline", {"mode": "diffusion", "cache": "prefix", **ONE_PER_STEP},
         "its generate without a threshold: one token per step of each block (the reference)"),
@@ -195,7 +195,7 @@ def with_constraint(cases: list[Case], label: str) -> tuple[list[Case], list[str
         try:
             if RULES[case.cfg.rule].renoise:
                 raise UsageError("structured output: not combined with a renoising sampler (no masks to commit "
-                                 "left to right; docs/structured-output.md)")
+                                 "left to right; docs/specs/structured-output.md)")
             refuse_constrained(case.cfg, None, [label], 1)
         except UsageError as e:
             if f"{twin.name}: {e}" not in left_out:

@@ -1,5 +1,5 @@
 """What each GGUF architecture llama.cpp writes for a diffusion model means in fastdllm
-(docs/gguf.md sections 2-3 and 9): the family it is, llama.cpp's tensor names -> the published
+(docs/specs/gguf.md sections 2-3 and 9): the family it is, llama.cpp's tensor names -> the published
 ones, which rows the converter permuted, whether logits are shifted, and the published config.json
 rebuilt from the metadata. Reading and refusing the file is gguf_file.py's job."""
 
@@ -179,7 +179,7 @@ def rnd1_published_config() -> dict:
 
 
 def llada_moe_config(f, arch: Arch, by_name: dict) -> dict:
-    """LLaDA-MoE-7B-A1B-Instruct's published config.json with the file's sizes (docs/gguf.md 12):
+    """LLaDA-MoE-7B-A1B-Instruct's published config.json with the file's sizes (docs/specs/gguf.md 12):
     every layer sparse (llama.cpp's llada-moe has only expert MLPs), softmax top-k routing without
     renormalisation, no shared expert, no expert bias (the published values, kept)."""
     base = json.loads((PUBLISHED / "LLaDA-MoE-7B-A1B-Instruct" / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""A GGUF file as llama.cpp's converter writes it (docs/gguf.md): its metadata read into the published
+"""A GGUF file as llama.cpp's converter writes it (docs/specs/gguf.md): its metadata read into the published
 config.json of the family, its tensors renamed to the published names, q/k rows put back in the
 published order, and dequantized to the compute dtype. Every refusal (an architecture, a tensor type,
 a missing key, a file that is not GGUF) is one line, raised before any weight is read."""
@@ -15,7 +15,7 @@ from .gguf_arch import Arch, arch_of, check_common, decimal, dream_config, llada
 
 FLOATS = ("F32", "F16", "BF16")
 QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")      # kept quantized on a CPU (gguf_int8.py, gguf_int4.py)
-READS = FLOATS + QUANTIZED                                # the tensor types fastdllm takes (docs/gguf.md 4)
+READS = FLOATS + QUANTIZED                                # the tensor types fastdllm takes (docs/specs/gguf.md 4)
 DEQUANTIZED = QUANTIZED                                   # into the compute dtype where not kept quantized
 FOUR_BIT = ("Q4_0", "Q4_K")                               # int4 by default on a CPU (gguf_int4.py)
 CHUNK = 1 << 22              # values dequantized at a time: 16 MiB of float32 and the package's temporaries
@@ -125,7 +125,7 @@ def open_checked(path: Path) -> tuple[GGUFFile, list[GGUFTensor]]:
 
 
 def config_for(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
-    """The family's published config.json from the metadata llama.cpp's converter writes (docs/gguf.md)."""
+    """The family's published config.json from the metadata llama.cpp's converter writes (docs/specs/gguf.md)."""
     arch = arch_of(f)
     by_name = {t.name: t for t in tensors}
     build = {"llada": llada_config, "dream": dream_config, "rnd1": rnd1_config, "llada-moe": llada_moe_config}[arch.name]
@@ -133,7 +133,7 @@ def config_for(f: GGUFFile, tensors: list[GGUFTensor]) -> dict:
 
 
 def llada_config(f: GGUFFile, arch: Arch, by_name: dict) -> dict:
-    """LLaDA's published config.json (docs/gguf.md section 2)."""
+    """LLaDA's published config.json (docs/specs/gguf.md section 2)."""
     n_heads = int(f.require("llada.attention.head_count"))
     d_model = int(f.require("llada.embedding_length"))
     if d_model % n_heads:
@@ -225,11 +225,11 @@ def summary(tensors: list[GGUFTensor]) -> dict:
     if four_bit:         # gguf_int4.py: kept quantized on a CPU by default
         rest = [k for k in types if k in QUANTIZED and k not in four_bit]
         how = (f"; on a CPU {', '.join(four_bit)} kept as int4" + (f" and {', '.join(rest)} as int8 rows" if rest else "")
-               + f", re-quantized (docs/gguf.md 11; --quantize int8: all int8 rows); on a GPU {dequantized} "
+               + f", re-quantized (docs/specs/gguf.md 11; --quantize int8: all int8 rows); on a GPU {dequantized} "
                "dequantized to the compute dtype")
     else:
         how = (f"; {dequantized} dequantized to the compute dtype at load; --quantize int8: {dequantized} "
-               "re-quantized per row into int8 straight from the file (one more rounding, docs/gguf.md 10)"
+               "re-quantized per row into int8 straight from the file (one more rounding, docs/specs/gguf.md 10)"
                ) if dequantized else ""
     return {"dtype_on_disk": f"{', '.join(k.lower() for k in types)} (GGUF{how})", "types": types,
             "bytes_on_disk": sum(t.n_bytes for t in tensors)}

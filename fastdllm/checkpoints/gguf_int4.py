@@ -1,4 +1,4 @@
-"""The 4-bit GGUF types kept quantized on the CPU (docs/gguf.md 11): Q4_0 and Q4_K into fastdllm's
+"""The 4-bit GGUF types kept quantized on the CPU (docs/specs/gguf.md 11): Q4_0 and Q4_K into fastdllm's
 int4 kernels (models/cpu_int4.py), and the k-quants llama.cpp's Q4_K_M / Q4_K_S mix them with (Q6_K,
 Q5_K) into int8 rows, by gguf_int8.py's mechanism (one tensor at a time, no float copy of the model).
 
@@ -50,7 +50,7 @@ def default_quantize(source: dict, quantize: str, device: str, dtype: str) -> tu
         if torch.cuda.is_available():      # a GPU: dequantized to bf16 (the int4 kernels are CPU kernels)
             return quantize, None
     return "int4", (f"{', '.join(four_bit)} tensors kept quantized: loaded as --quantize int4 (re-quantized, "
-                    "docs/gguf.md 11); --dtype fp32 dequantizes them instead")
+                    "docs/specs/gguf.md 11); --dtype fp32 dequantizes them instead")
 
 
 def describe_kept(placed: Counter, quantize: str) -> str:
@@ -63,6 +63,6 @@ def describe_kept(placed: Counter, quantize: str) -> str:
     if all(kernel == "int8" for kernel, _ in placed):
         types = ", ".join(dict.fromkeys(t for _, t in placed))
         return (f"{total} block linears from {types} re-quantized per row{also} "
-                f"(docs/gguf.md {10 if quantize == 'int8' else 11})")
+                f"(docs/specs/gguf.md {10 if quantize == 'int8' else 11})")
     parts = [f"{n} from {t} into {'int4' if kernel == 'int4' else 'int8 rows'}" for (kernel, t), n in placed.items()]
-    return f"{total} block linears: {', '.join(parts)}{also}, re-quantized (docs/gguf.md 11)"
+    return f"{total} block linears: {', '.join(parts)}{also}, re-quantized (docs/specs/gguf.md 11)"

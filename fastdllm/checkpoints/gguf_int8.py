@@ -1,4 +1,4 @@
-"""GGUF tensors kept quantized on the CPU (docs/gguf.md 10, 11): each block linear's quantized tensor
+"""GGUF tensors kept quantized on the CPU (docs/specs/gguf.md 10, 11): each block linear's quantized tensor
 goes straight into fastdllm's int8 rows (models/cpu_quant.py) or int4 groups (models/cpu_int4.py)
 without a bf16 copy of the model, and the embedding and output head of a quantized type into int8
 rows (`ends_kept`). This module is the mechanism both share; which GGUF type goes to which kernel is

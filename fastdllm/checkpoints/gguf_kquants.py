@@ -1,6 +1,6 @@
 """A small writer of llama.cpp's k-quant blocks (Q4_K, Q5_K, Q6_K), for tests and measurements:
 the gguf package dequantizes these types but cannot quantize them. The block layouts are those its
-`quants.py` reads (docs/gguf.md 11); the rounding is the plain one (each sub-block's range, no
+`quants.py` reads (docs/specs/gguf.md 11); the rounding is the plain one (each sub-block's range, no
 search over scales as llama.cpp's `make_qkx2_quants` does), so a real file's error against the
 original weights is somewhat smaller, while the grid the values lie on is the same.
 

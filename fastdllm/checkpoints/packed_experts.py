@@ -3,7 +3,7 @@
 The published checkpoint packs each layer's 128 experts into two 3-D tensors, `experts.gate_up_proj`
 (E, 2I, d) with the gate in its first half and `experts.down_proj` (E, d, I): 22.8B of the 25.2B
 parameters. bitsandbytes quantizes nn.Linear modules only, so `from_pretrained` would load these at
-full size (46 GB in bf16). Decision (docs/diffusion-gemma.md §8): a quantized model holds each
+full size (46 GB in bf16). Decision (docs/specs/diffusion-gemma.md §8): a quantized model holds each
 expert as three nn.Linear (models/gemma_layers.ExpertLinears), and they are filled here: one
 expert's slices are read from the shard, quantized with the very settings `from_pretrained` used
 for every other linear of the model (the same BitsAndBytesConfig), and placed on their layer's

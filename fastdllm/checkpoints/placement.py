@@ -80,7 +80,7 @@ def bf16_load_note(loaded) -> str | None:
 
 
 BNB_ON_CPU_NOTE = ("bitsandbytes 8bit/4bit compute slower than fp32 on a CPU: --quantize int8 / int4 are "
-                   "the CPU formats (docs/cpu-quantization.md)")
+                   "the CPU formats (docs/specs/cpu-quantization.md)")
 
 
 def quantization_config(quantize: str, compute_dtype, skip: tuple[str, ...] | None = None):

@@ -1,6 +1,6 @@
 """A tiktoken encoding as a transformers fast tokenizer, without tiktoken and without the network:
 Steerling's Hub folders ship no vocabulary, only `tokenizer_config.json` with `encoding_name
-"cl100k_base"` and the special ids (docs/steerling.md 2); their Python downloads the rank file at
+"cl100k_base"` and the special ids (docs/specs/steerling.md 2); their Python downloads the rank file at
 first use. fastdllm reads the rank file (`<name>.tiktoken`: one `base64(token bytes) rank` a line)
 from the model folder or from tiktoken's own cache, and builds the byte-level BPE that transformers'
 TikTokenConverter builds (merges recovered from the ranks, whole-word lookup first), with the

@@ -41,7 +41,7 @@ FAMILIES: dict[str, list[Family]] = {
     "illada": [(ILLaDAConfig, ILLaDAForCausalLM, ("ILLaDAForCausalLM",))],
 }
 # Architectures that name their family whatever config.json's model_type says: iLLaDA's model_type
-# was only ever seen in third-party test doubles ("illada", docs/illada.md 1.1), its class name in
+# was only ever seen in third-party test doubles ("illada", docs/specs/illada.md 1.1), its class name in
 # loaders that read the real file. If the published type differs, it is read as this family (with
 # a note); then name it in FAMILIES too.
 BY_ARCHITECTURE = {"ILLaDAForCausalLM": "illada"}

@@ -1,5 +1,5 @@
 """The config.json switches of a family: what its authors' code (any version) reads to change the
-forward or the decoder, and which values fastdllm implements (docs/config-guard.md).
+forward or the decoder, and which values fastdllm implements (docs/specs/config-guard.md).
 
 A family's config class lists its `switches` (Switch: key, the values implemented, what another
 value turns on, the authors' value when the key is absent), the keys it `reads`, and the keys

@@ -1,4 +1,4 @@
-"""int4 for CPUs (docs/cpu-quantization.md, 2): symmetric groups of GROUP along K with two-level
+"""int4 for CPUs (docs/specs/cpu-quantization.md, 2): symmetric groups of GROUP along K with two-level
 scales, so that one packed weight serves two kernels.
 
 Format: w = c * step, c in [-8, 7] (stored as q = c + 8 in [0, 15]), step[n, g] = m[n, g] * 2^e[n]
@@ -28,7 +28,7 @@ from .cpu_kernels import (
     w4a8_rows,
 )
 
-GROUP = 32             # along K; docs/cpu-quantization.md, 2: accuracy against group 64
+GROUP = 32             # along K; docs/specs/cpu-quantization.md, 2: accuracy against group 64
 
 
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

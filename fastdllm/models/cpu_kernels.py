@@ -1,4 +1,4 @@
-"""What the CPU int8 and int4 linears share (docs/cpu-quantization.md): the module frame around a
+"""What the CPU int8 and int4 linears share (docs/specs/cpu-quantization.md): the module frame around a
 kernel, the activations' per-row int8 quantization, the probe that says whether `torch._int_mm`
 sums exactly here, and the unpacking of torch's CPU int4 layout into codes `_int_mm` can take.
 
@@ -12,7 +12,7 @@ from torch import nn
 
 # From this many rows (M of the flattened (M, K) input) the quantized linears quantize their
 # activations too and run int8 x int8 (`torch._int_mm`); below, the weight-only kernels
-# (docs/cpu-quantization.md, 1b and 1c): int8 (W8A8) from 16 rows, int4 (W4A8, which unpacks its
+# (docs/specs/cpu-quantization.md, 1b and 1c): int8 (W8A8) from 16 rows, int4 (W4A8, which unpacks its
 # codes to int8 at every call first) from 48. None: weight-only at every M. Only where `_int_mm`
 # is exact (and, for int4, where `int4pack_codes` reads the packing).
 W8A8_ROWS: int | None = 16
@@ -90,7 +90,7 @@ def int_mm_exact() -> bool:
     """Whether `torch._int_mm` (s8 x s8 -> s32, oneDNN) sums exactly on this machine; checked once.
     With VNNI (AVX-512 VNNI, AVX-VNNI) it does. Without (AVX2, AVX-512 before VNNI, or oneDNN held
     to AVX2 by ONEDNN_MAX_CPU_ISA=AVX2) oneDNN's int8 kernels add u8 x s8 pairs in saturating int16
-    (vpmaddubsw) and are wrong by up to the whole value (docs/cpu-quantization.md): the probe, rows
+    (vpmaddubsw) and are wrong by up to the whole value (docs/specs/cpu-quantization.md): the probe, rows
     of +127, -127 and random codes, saturates there; where it does, the linears stay weight-only."""
     global _INT_MM_EXACT
     if _INT_MM_EXACT is None:

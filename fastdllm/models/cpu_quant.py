@@ -1,5 +1,5 @@
 """int8 for CPUs on torch's own matmuls, and the conversion of a model to int8 or int4
-(docs/cpu-quantization.md; int4's format: cpu_int4.py; what both share: cpu_kernels.py).
+(docs/specs/cpu-quantization.md; int4's format: cpu_int4.py; what both share: cpu_kernels.py).
 
 int8: per-output-channel symmetric, w = q * scale, q in [-127, 127], one scale per row;
 `torch._weight_int8pack_mm(x (M, K), q (N, K) int8, scale (N,))` (weight-only) under `w8a8_rows()`
@@ -150,7 +150,7 @@ def quantize_model(model: nn.Module, fmt: str, dtype: torch.dtype, *, head: bool
 
 def head_pays() -> bool:
     """Whether the output head is quantized by default: as int8 with W8A8 at every row count, in
-    both formats, where `_int_mm` is exact (docs/cpu-quantization.md, 1d: 1.1-1.9x bf16 at 1-32
+    both formats, where `_int_mm` is exact (docs/specs/cpu-quantization.md, 1d: 1.1-1.9x bf16 at 1-32
     rows, vocab 152k). Where it is not, a weight-only int8 head is 0.5x bf16 at 32 rows: bf16 stays.
     Not int4: unpacking 152k x d codes at every step costs more than the product (1d)."""
     return w8a8_rows(head=True) is not None

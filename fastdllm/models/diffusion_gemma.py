@@ -1,4 +1,4 @@
-"""DiffusionGemma (`diffusion_gemma`, google/diffusiongemma-26B-A4B-it; docs/diffusion-gemma.md):
+"""DiffusionGemma (`diffusion_gemma`, google/diffusiongemma-26B-A4B-it; docs/specs/diffusion-gemma.md):
 Gemma-4's MoE backbone run in two modes over one set of weights. The causal encoder writes the
 canvas K/V cache (the prompt, then each committed canvas); the decoder runs the current canvas
 bidirectionally against that cache without keeping anything, and gives its logits. Decoding is not
@@ -83,7 +83,7 @@ class DiffusionGemmaConfig(PretrainedConfig):
     def kv_heads(self, layer: int) -> int:
         return self.layer_overrides.get(layer, {}).get("num_key_value_heads", self.num_key_value_heads)
 
-    # docs/config-guard.md 9: transformers' DiffusionGemma classes, and the Gemma-4 switches its code
+    # docs/specs/config-guard.md 9: transformers' DiffusionGemma classes, and the Gemma-4 switches its code
     # does not read (a checkpoint that sets them is a variant even transformers would run wrongly)
     switches = (
         Switch("text_config.hidden_activation", ("gelu_pytorch_tanh",), "another activation"),

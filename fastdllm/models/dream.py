@@ -22,6 +22,6 @@ class DreamModel(QwenLM):
     _no_split_modules = ["QwenDecoderLayer"]
     logit_shift = 1
     feature_cache = True            # its layer hosts dLLM-Cache's (models/feature_cache.py)
-    authors_softmax = "logits"      # generation_utils_block: torch.softmax of uncast logits (docs/ranking.md)
+    authors_softmax = "logits"      # generation_utils_block: torch.softmax of uncast logits (docs/specs/ranking.md)
     eval_prompt_bos = True          # their eval scripts (add_bos_token=true) put <|beginoftext|> before a
                                     # prompt they do not chat-template; the tokenizer itself adds none

@@ -1,5 +1,5 @@
 """Fast-dLLM v2 (Efficient-Large-Model/Fast_dLLM_v2_1.5B, _7B): Qwen2.5 config keys and tensor
-names (q/k/v bias), fine-tuned for block diffusion (docs/fast-dllm-v2.md).
+names (q/k/v bias), fine-tuned for block diffusion (docs/specs/fast-dllm-v2.md).
 
 Attention is block-causal: causal between blocks of `bd_size` (32), bidirectional inside one.
 Logits are shifted by one like Dream's (position p is predicted from the hidden state at p - 1),
@@ -28,7 +28,7 @@ class FastDLLMQwenConfig(QwenConfig):
 
 
 class FastDLLMQwenForCausalLM(QwenLM):
-    authors_softmax = "logits"      # softmax(logits) in the model dtype (docs/fast-dllm-v2.md Q7)
+    authors_softmax = "logits"      # softmax(logits) in the model dtype (docs/specs/fast-dllm-v2.md Q7)
     config_class = FastDLLMQwenConfig
     _no_split_modules = ["QwenDecoderLayer"]
     logit_shift = 1

@@ -1,4 +1,4 @@
-"""DiffusionGemma's layer (docs/diffusion-gemma.md §3), one module for both modes: the causal
+"""DiffusionGemma's layer (docs/specs/diffusion-gemma.md §3), one module for both modes: the causal
 encoder that writes the canvas K/V cache and the bidirectional decoder that reads it differ only in
 their attention mask and in their `layer_scalar` (the encoder keeps its own set).
 

@@ -1,11 +1,11 @@
-"""iLLaDA (GSAI-ML/iLLaDA-8B-Base, -Instruct): `ILLaDAForCausalLM`, docs/illada.md.
+"""iLLaDA (GSAI-ML/iLLaDA-8B-Base, -Instruct): `ILLaDAForCausalLM`, docs/specs/illada.md.
 
 LLaDA's successor in Llama's layout: the Qwen/Llama decoder of qwen.py without biases (GQA 32/8,
 rotate-half RoPE over the whole head, SwiGLU, Llama-order RMSNorm), fully bidirectional, logits for
 position p read at p (no shift), the head tied to the embedding. Mask `<[MASK]>` = id 5 (the authors'
 `mask_id=5`; config.json names none).
 
-Unconfirmed (no config.json was read, docs/illada.md 1.1): the model_type, so the family is also
+Unconfirmed (no config.json was read, docs/specs/illada.md 1.1): the model_type, so the family is also
 found by its architecture name (models/__init__.py BY_ARCHITECTURE); rope_theta and rms_norm_eps,
 so a config.json without them is refused rather than filled with a guess."""
 
@@ -19,7 +19,7 @@ from .config_guard import REQUIRED, Switch, number
 from .qwen import QwenConfig, QwenLM
 
 MASK_TOKEN, MASK_ID = "<[MASK]>", 5
-# The model card's sizes (docs/illada.md 1.1), used only where a config.json omits a key.
+# The model card's sizes (docs/specs/illada.md 1.1), used only where a config.json omits a key.
 ILLADA_SIZES = dict(vocab_size=155136, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
 
@@ -39,7 +39,7 @@ class ILLaDAConfig(QwenConfig):
     def __init__(self, tie_word_embeddings: bool = True, **kwargs):     # the model card: tied
         QwenConfig.__init__(self, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
-    # what M (modeling_illada.py) reads to change the forward (docs/illada.md 1.1, 7.1)
+    # what M (modeling_illada.py) reads to change the forward (docs/specs/illada.md 1.1, 7.1)
     switches = (
         Switch("hidden_act", ("silu",), "another MLP activation"),
         Switch("rope_scaling", default_rope, "a scaled rotary embedding"),
@@ -58,7 +58,7 @@ class ILLaDAForCausalLM(QwenLM):
     config_class = ILLaDAConfig
     _no_split_modules = ["QwenDecoderLayer"]
     bias = False
-    # the authors' confidence: softmax(logits) in the logits' dtype (docs/illada.md 3.1)
+    # the authors' confidence: softmax(logits) in the logits' dtype (docs/specs/illada.md 3.1)
     authors_softmax = "logits"
     mask_tokens = (MASK_TOKEN,)
     mask_fallback = MASK_ID
@@ -66,7 +66,7 @@ class ILLaDAForCausalLM(QwenLM):
     # the engine refuses a padded batch with this line, serve decodes such rows one at a time
     padded_batch_refusal = "iLLaDA: padded batches are not the authors' path (batch 1)"
     # the chat template was not published where we could read it; a plain transcript would change
-    # the Instruct model's answers (docs/illada.md 2, 8)
+    # the Instruct model's answers (docs/specs/illada.md 2, 8)
     plain_chat_refusal = ("iLLaDA: chat needs the checkpoint's chat template, and this one has none (a plain "
                   "transcript would change its answers); use `generate --raw` for plain text")
 
@@ -91,7 +91,7 @@ class ILLaDAForCausalLM(QwenLM):
 
     def read_files(self, folder: Path) -> None:
         """tie_word_embeddings false but no lm_head.weight in the shards: the embedding is the head,
-        as the third-party loaders tie it (docs/illada.md 1.2)."""
+        as the third-party loaders tie it (docs/specs/illada.md 1.2)."""
         if getattr(self, "lm_head", None) is not None and "lm_head.weight" not in stored_names(Path(folder)):
             del self.lm_head
 

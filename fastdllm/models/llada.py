@@ -35,7 +35,7 @@ class LLaDAConfig(PretrainedConfig):
         super().__init__(**kwargs)
 
     # The authors' ModelConfig (OLMo's, in LLaDA's modeling_llada.py): its switches, with its own
-    # defaults for a config.json that omits them (docs/config-guard.md 1)
+    # defaults for a config.json that omits them (docs/specs/config-guard.md 1)
     switches = (
         Switch("block_type", ("llama",), "OLMo's other blocks: fused projections, another MLP", "sequential"),
         Switch("activation_type", ("silu",), "another MLP activation", "swiglu"),

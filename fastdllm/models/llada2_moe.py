@@ -1,5 +1,5 @@
 """LLaDA2.x (inclusionAI/LLaDA2.0-mini, LLaDA2.1-mini, the flash variants): `llada2_moe`, also
-shipped as `bailing_moe_v2`, architecture `LLaDA2MoeModelLM` (docs/llada2-moe.md).
+shipped as `bailing_moe_v2`, architecture `LLaDA2MoeModelLM` (docs/specs/llada2-moe.md).
 
 A Ling-2.0 mixture-of-experts decoder trained for block diffusion: block-causal attention in
 blocks of 32 (no config key: the authors' code), no logit shift. Per layer: fused `query_key_value`
@@ -10,7 +10,7 @@ expert bias and group limiting, moe.py) plus `num_shared_experts` shared experts
 
 LLaDA2.2 (same format) adds block routing when config.json has `expert_capacity`: the tokens of
 one 32-position block of a row (its RoPE positions // block_size, padding apart) share a set of
-`expert_capacity` experts (docs/llada2-2.md §2)."""
+`expert_capacity` experts (docs/specs/llada2-2.md §2)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ LLADA2_KEYS = dict(vocab_size=30592, hidden_size=1024, intermediate_size=None, n
 
 
 def token_id(value, raw) -> bool:
-    """LLaDA2.2's edit tokens (docs/llada2-2.md §3): absent, null or a token id."""
+    """LLaDA2.2's edit tokens (docs/specs/llada2-2.md §3): absent, null or a token id."""
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
@@ -73,7 +73,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
     def is_sparse(self, layer: int) -> bool:
         return self.num_experts is not None and layer >= self.first_k_dense_replace
 
-    # docs/config-guard.md 7: the checkpoint's modeling_llada2_moe.py, dInfer's and SGLang's ports, and
+    # docs/specs/config-guard.md 7: the checkpoint's modeling_llada2_moe.py, dInfer's and SGLang's ports, and
     # LLaDA2.2's additions (SGLang's block routing and InDel decoder)
     switches = (
         Switch("expert_capacity", lambda v, raw: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
@@ -161,7 +161,7 @@ class LLaDA2DecoderLayer(nn.Module):
 def routing_blocks(cache, start, n: int, block: int) -> torch.Tensor:
     """(B, n) routing-block id of each slot of the span [start, start + n): row r's real tokens at
     RoPE position p are in block (r, p // block); its left padding in a block of its own. Ids are
-    unique across rows (docs/llada2-2.md §2.2)."""
+    unique across rows (docs/specs/llada2-2.md §2.2)."""
     if not isinstance(start, int):
         raise ValueError("block routing needs a contiguous span of the canvas (not a position set)")
     positions = cache.positions[:, start:start + n]                               # (B, n)

@@ -1,5 +1,5 @@
 """LLaDA-MoE-7B-A1B (inclusionAI, Base / Instruct): config.json's `model_type` is `llada` as for the
-dense LLaDA-8B; `architectures` (`LLaDAMoEModelLM`) tells them apart (docs/llada-moe.md).
+dense LLaDA-8B; `architectures` (`LLaDAMoEModelLM`) tells them apart (docs/specs/llada-moe.md).
 
 Bidirectional like LLaDA-8B (the v1 prefix / dual caches apply), no logit shift. An OLMoE-style
 decoder under Llama tensor names: q/k/v/o projections, per-head RMSNorm on q and k (`qk_layernorm`),
@@ -48,7 +48,7 @@ class LLaDAMoEConfig(PretrainedConfig):
     def is_sparse(self, layer: int) -> bool:
         return bool(self.moe_layer_freq[layer])
 
-    # The checkpoint's configuration_lladamoe.py / modeling_lladamoe.py (docs/config-guard.md 2). The
+    # The checkpoint's configuration_lladamoe.py / modeling_lladamoe.py (docs/specs/config-guard.md 2). The
     # last four the reference ignores, but their intent it cannot honour: refused, not diverged from.
     switches = (
         Switch("hidden_act", ("silu",), "another activation in every MLP"),
@@ -123,7 +123,7 @@ class LLaDAMoEDecoderLayer(nn.Module):
 
 
 class LLaDAMoEModelLM(DecoderStack):
-    authors_softmax = "logits"      # the card's softmax of the uncast logits (docs/llada-moe.md Q3)
+    authors_softmax = "logits"      # the card's softmax of the uncast logits (docs/specs/llada-moe.md Q3)
     config_class = LLaDAMoEConfig
     _no_split_modules = ["LLaDAMoEDecoderLayer"]
     _keep_in_fp32_modules_strict = ["expert_bias"]

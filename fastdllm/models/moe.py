@@ -38,7 +38,7 @@ class Routing:
     scale: float = 1.0               # routed_scaling_factor
     model_dtype_logits: bool = False   # router matmul in the activations' dtype (bf16 logits, Qwen3-MoE)
     capacity: int | None = None      # sigmoid_grouped: LLaDA2.2's block routing (config expert_capacity):
-                                     # each routing block keeps this many experts (docs/llada2-2.md §2)
+                                     # each routing block keeps this many experts (docs/specs/llada2-2.md §2)
 
     def problems(self) -> list[str]:
         """Why this routing cannot work (empty when it can): the checks the references skip."""
@@ -61,7 +61,7 @@ class Routing:
 
 
 def sigmoid_grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
-    """LLaDA2 (docs/llada2-moe.md §5): sigmoid scores; the bias only chooses; a token picks its
+    """LLaDA2 (docs/specs/llada2-moe.md §5): sigmoid scores; the bias only chooses; a token picks its
     `top_groups` best groups (a group's score: the sum of its two best biased scores), then its k best
     experts inside them; weights are the unbiased scores, normalised (k > 1) and scaled."""
     scores = logits.sigmoid()                                             # (N, E) unbiased
@@ -80,7 +80,7 @@ def sigmoid_grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Rou
 
 
 def block_capacity_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing, blocks: torch.Tensor):
-    """LLaDA2.2's block routing (docs/llada2-2.md §2): tokens with equal `blocks` id (N,) form one
+    """LLaDA2.2's block routing (docs/specs/llada2-2.md §2): tokens with equal `blocks` id (N,) form one
     routing block; an expert's block score is the max over the block's tokens of its biased score;
     the block keeps its `capacity` best experts; each token takes its k best biased scores among
     them (no group limiting); weights as sigmoid_grouped. Returns weights, experts (N, k) and the
@@ -100,7 +100,7 @@ def block_capacity_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Rout
 
 
 def softmax_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
-    """LLaDA-MoE (docs/llada-moe.md §4): softmax over all experts, plus the bias if any (it moves
+    """LLaDA-MoE (docs/specs/llada-moe.md §4): softmax over all experts, plus the bias if any (it moves
     the weights too), the k largest as they are: no renormalisation, no scaling, no groups."""
     probs = logits.softmax(-1)                                            # (N, E)
     if bias is not None:
@@ -109,7 +109,7 @@ def softmax_topk(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
 
 
 def softmax_topk_renorm(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing):
-    """Qwen3-MoE with `norm_topk_prob` (SDAR-30B-A3B, docs/sdar-moe.md §4): softmax over all experts,
+    """Qwen3-MoE with `norm_topk_prob` (SDAR-30B-A3B, docs/specs/sdar-moe.md §4): softmax over all experts,
     the k largest, divided by their sum (no epsilon, as the authors), so a token's weights add up to 1."""
     weights, experts = softmax_topk(logits, bias, r)                      # (N, k) each
     return weights / weights.sum(-1, keepdim=True), experts
@@ -122,7 +122,7 @@ class Router(nn.Module):
     """`gate.weight` (E, d), and for LLaDA2 `gate.expert_bias` (E). forward(x (N, d), bias, blocks) ->
     (weights (N, k) at fp32 or better, experts (N, k)); a forward hook on it sees every decision.
     With block routing (`routing.capacity`) `blocks` (N,) names each token's routing block, and
-    `kept` holds the last forward's block ids and their kept experts (docs/llada2-2.md §2)."""
+    `kept` holds the last forward's block ids and their kept experts (docs/specs/llada2-2.md §2)."""
 
     def __init__(self, d: int, routing: Routing, expert_bias: bool = False):
         super().__init__()

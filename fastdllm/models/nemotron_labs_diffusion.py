@@ -1,5 +1,5 @@
 """Nemotron-Labs Diffusion (`nemotron_labs_diffusion`, nvidia/Nemotron-Labs-Diffusion-3B/8B/14B;
-docs/nemotron-diffusion.md): a Ministral-3 (Llama) decoder under the checkpoint's names
+docs/specs/nemotron-diffusion.md): a Ministral-3 (Llama) decoder under the checkpoint's names
 (`encoder.*`, an untied `diffusion_head`), YaRN RoPE with transformers' attention factor and the
 Llama-4 query scale after RoPE, run in two attention modes over one set of weights:
 
@@ -49,7 +49,7 @@ class NemotronLabsDiffusionConfig(PretrainedConfig):
         for key, value in values.items():            # after: transformers would standardise rope_parameters
             setattr(self, key, value)
 
-    # docs/config-guard.md; docs/nemotron-diffusion.md §1
+    # docs/specs/config-guard.md; docs/specs/nemotron-diffusion.md §1
     switches = (
         Switch("hidden_act", ("silu",), "another MLP activation"),
         Switch("tie_word_embeddings", (False, None), "a diffusion_head tied to the embedding"),
@@ -129,7 +129,7 @@ def read_lora(folder: Path, n_layers: int, dtype: torch.dtype, device) -> list[t
     c = json.loads((lora / "adapter_config.json").read_text())
     if c.get("peft_type", "LORA") != "LORA" or set(c.get("target_modules") or []) != {"o_proj"} \
             or c.get("use_dora") or c.get("use_rslora") or c.get("bias", "none") != "none":
-        raise ValueError(f"{lora}: only a plain LoRA on o_proj is implemented (docs/nemotron-diffusion.md 5)")
+        raise ValueError(f"{lora}: only a plain LoRA on o_proj is implemented (docs/specs/nemotron-diffusion.md 5)")
     weights = load_file(str(lora / "adapter_model.safetensors"))
     out = []
     for i in range(n_layers):

@@ -42,7 +42,7 @@ class QwenConfig(PretrainedConfig):
             cls.__init__ = QwenConfig.__init__
         super().__init_subclass__(**kwargs)
 
-    # Qwen2 / Qwen3's switches (docs/config-guard.md): the families add theirs
+    # Qwen2 / Qwen3's switches (docs/specs/config-guard.md): the families add theirs
     switches = (
         Switch("hidden_act", ("silu",), "another MLP activation"),
         Switch("rope_scaling", (None, False), "a scaled rotary embedding (transformers' rope_type)"),

@@ -1,12 +1,12 @@
 """RND1 (radicalnumerics/RND1-Base-0910): `rnd1`, architecture `RND1` (the published config.json, as
-llama.cpp's converter reads it) or `RND1LM` (the authors' class name), docs/rnd1.md.
+llama.cpp's converter reads it) or `RND1LM` (the authors' class name), docs/specs/rnd1.md.
 
 Qwen3-MoE (30B-A3B) turned into a masked diffusion model: the Qwen3 layers of sdar_moe.py (q_norm /
 k_norm, explicit head_dim, no bias; every MLP a softmax router over 128 experts, the top 8
 renormalised, bf16 router logits) with fully bidirectional attention and, like Dream, logits shifted
 by one (position p is predicted from the hidden state at p - 1). Untied lm_head; mask id 151669.
 
-What fastdllm trusts (docs/rnd1.md §2): the authors' configuration class overwrites config.json with
+What fastdllm trusts (docs/specs/rnd1.md §2): the authors' configuration class overwrites config.json with
 Qwen3-30B-A3B constants. Sizes come from config.json (checked against the tensors when loading), the
 constants fill the keys it omits; a config.json that sets one of the behaviour switches the authors
 force (no tensor shows them) to another value is refused in one line, so every checkpoint we accept
@@ -33,7 +33,7 @@ MASK_ID = 151669                  # config.json's mask_token_id; the Qwen3 token
 class RND1Config(SDARMoeConfig):
     model_type = "rnd1"
     family_defaults: ClassVar[dict] = {**RND1_SIZES, **RND1_FORCED, "mask_token_id": MASK_ID}
-    # docs/config-guard.md 8: every other key its configuration class overwrites (RND1_FORCED: refused
+    # docs/specs/config-guard.md 8: every other key its configuration class overwrites (RND1_FORCED: refused
     # when they disagree, see malformed); moe_backend picks kernels of the same math
     switches = SDARConfig.switches
     reads = {*SDARMoeConfig.reads, *RND1_SIZES, *RND1_FORCED, "num_diffusion_steps"}

@@ -1,5 +1,5 @@
 """SDAR (JetLM/SDAR-1.7B-Chat, -4B-Chat, -8B-Chat): Qwen3 config keys and tensor names (per-head
-q_norm / k_norm, explicit head_dim, no bias), trained for block diffusion (docs/sdar.md).
+q_norm / k_norm, explicit head_dim, no bias), trained for block diffusion (docs/specs/sdar.md).
 
 Attention is block-causal: causal between blocks of `block_size` (4 when the config, as originally
 published, has no such key), bidirectional inside one. No logit shift: position p is predicted from
@@ -27,7 +27,7 @@ class SDARConfig(QwenConfig):
 
 
 class SDARForCausalLM(QwenLM):
-    authors_softmax = "logits"      # their sampler: softmax(logits / T) in the model dtype (docs/sdar.md 4.3)
+    authors_softmax = "logits"      # their sampler: softmax(logits / T) in the model dtype (docs/specs/sdar.md 4.3)
     config_class = SDARConfig
     _no_split_modules = ["QwenDecoderLayer"]
     bias = False

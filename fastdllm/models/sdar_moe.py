@@ -1,5 +1,5 @@
 """SDAR-30B-A3B (JetLM/SDAR-30B-A3B-Chat, -Sci): `sdar_moe`, architecture `SDARMoeForCausalLM`
-(docs/sdar-moe.md). Dense SDAR's block-causal Qwen3 attention (sdar.py: per-head q_norm / k_norm,
+(docs/specs/sdar-moe.md). Dense SDAR's block-causal Qwen3 attention (sdar.py: per-head q_norm / k_norm,
 explicit head_dim, no bias, blocks of `block_size` or 4, mask `<|MASK|>` from the tokenizer, no logit
 shift) with Qwen3-MoE's MLP: a softmax router over `num_experts` experts, the top
 `num_experts_per_tok`, renormalised to sum 1 when `norm_topk_prob`, no shared expert (moe.py). A
@@ -30,7 +30,7 @@ class SDARMoeConfig(SDARConfig):
     model_type = "sdar_moe"
     family_defaults = SDAR_MOE_DEFAULTS
     # norm_topk_prob, decoder_sparse_step and mlp_only_layers are read as Qwen3-MoE reads them
-    # (docs/sdar-moe.md 6: the engines disagree where the published config does not ask)
+    # (docs/specs/sdar-moe.md 6: the engines disagree where the published config does not ask)
     reads = {*SDARConfig.reads, *SDAR_MOE_DEFAULTS}
     harmless = {*SDARConfig.harmless, "output_router_logits", "router_aux_loss_coef"}
 
@@ -96,7 +96,7 @@ class Qwen3MoeStack(DecoderStack):
 
 
 class SDARMoeForCausalLM(Qwen3MoeStack):
-    authors_softmax = "logits"      # SDAR's sampler (docs/sdar.md 4.3)
+    authors_softmax = "logits"      # SDAR's sampler (docs/specs/sdar.md 4.3)
     config_class = SDARMoeConfig
     mask_tokens = SDARForCausalLM.mask_tokens                   # no mask_token_id in the published config
     attention = SDARForCausalLM.attention                       # block-causal, block_size or 4

@@ -1,11 +1,11 @@
 """Steerling-8B (Guide Labs, `steerling`, architecture SteerlingForCausalLM): config keys and tensor
-names of the Hub layout (docs/steerling.md 1, 1.1). A block-causal masked-diffusion transformer:
+names of the Hub layout (docs/specs/steerling.md 1, 1.1). A block-causal masked-diffusion transformer:
 causal across the absolute grid of `diff_block_size` positions, bidirectional inside one; post-norm
 residuals (`x + ln_1(attn(x))`, OLMo-2 style), per-head QK RMSNorm, q/k/v clamped to +-clip_qkv,
 RoPE, SwiGLU whose fused c_fc holds up first and gate second, tied head. No logit shift.
 
 The concept heads on top of ln_f cancel exactly in unsteered decoding (epsilon correction:
-composed = hidden, docs/steerling.md 4), so only the backbone and the tied head are loaded; the
+composed = hidden, docs/specs/steerling.md 4), so only the backbone and the tied head are loaded; the
 head tensors in the checkpoint are left unread. Precision points are the authors' for every dtype
 (docs 3, D2): RMSNorm normalises in fp32 (even from fp64) and multiplies by the weight before the
 cast; RoPE tables and the rotation in fp32.
@@ -182,7 +182,7 @@ class SteerlingForCausalLM(DiffusionLM):
     def end_tokens(config: dict, tokenizer) -> tuple[int | None, list[int]]:
         """(the terminal end of turn, other stop ids) as the authors' notebooks stop: the instruct
         model at `<|eot_id|>` (terminal mid-step), the base model after a block holding
-        `<|endofchunk|>`. Ids from config.json, else the tokenizer's (docs/steerling.md 2, 5.4)."""
+        `<|endofchunk|>`. Ids from config.json, else the tokenizer's (docs/specs/steerling.md 2, 5.4)."""
         def named(key: str, token: str) -> int | None:
             if isinstance(config.get(key), int):
                 return config[key]

@@ -1,4 +1,4 @@
-"""Structured output in requests (docs/structured-output.md): OpenAI's `response_format`
+"""Structured output in requests (docs/specs/structured-output.md): OpenAI's `response_format`
 (`json_object`; `json_schema` with `json_schema.schema`, `strict`) and fastdllm's extension
 (`"fastdllm": {"regex": ...}` or `{"grammar": ...}`, a Lark grammar), checked against the model's
 tokenizer. A bad one is a 400 naming the field, with the library's one line."""

@@ -1,5 +1,5 @@
 """Tool calls (OpenAI `tools`, `tool_choice`) for chat templates that write one of two call
-syntaxes (docs/structured-output.md 7): Qwen's `<tool_call>{json}</tool_call>` (Qwen3, SDAR,
+syntaxes (docs/specs/structured-output.md 7): Qwen's `<tool_call>{json}</tool_call>` (Qwen3, SDAR,
 TraDo, Dream, LLaDA2.x) and Gemma-4's `<|tool_call>call:NAME{args}<tool_call|>`. The tools are
 rendered by the checkpoint's own template (`apply_chat_template(tools=...)`); with Qwen's syntax
 `required` and a named function constrain the answer to one call whose arguments follow the

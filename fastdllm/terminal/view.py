@@ -166,7 +166,7 @@ class LiveCanvas(LiveView):
         """gen_len: positions generated; offset: how far the first block starts before them
         (block-causal families: the prompt's tail shares the first block; canvas.geometry);
         constrained: structured output, whose frontier (the first masked position, where the
-        grammar is checked) is drawn apart (docs/structured-output.md)."""
+        grammar is checked) is drawn apart (docs/specs/structured-output.md)."""
         super().__init__(console, tokenizer, header, stops, [None] * gen_len, 0, fps)
         self.gen_len, self.block_len, self.block_offset = gen_len, block_len, offset
         self.finished = Text()                       # text of finished blocks, built once

@@ -1,6 +1,6 @@
 """Random-weight checkpoints of the two block-diffusion families in their exact published layouts:
-Fast-dLLM v2 (`Fast_dLLM_Qwen`, layout of Efficient-Large-Model/Fast_dLLM_v2_7B, docs/fast-dllm-v2.md)
-and SDAR (`sdar`, layout of JetLM/SDAR-4B-Chat, docs/sdar.md). Written tensor by tensor with
+Fast-dLLM v2 (`Fast_dLLM_Qwen`, layout of Efficient-Large-Model/Fast_dLLM_v2_7B, docs/specs/fast-dllm-v2.md)
+and SDAR (`sdar`, layout of JetLM/SDAR-4B-Chat, docs/specs/sdar.md). Written tensor by tensor with
 safetensors (no fastdllm model class): config keys in the published order, Qwen2 / Qwen3 tensor
 names, shard index, generation config, and the real Qwen2 byte-level BPE (vocab.json, merges.txt)
 with each family's added tokens. Only the sizes and the weights differ from the originals; the

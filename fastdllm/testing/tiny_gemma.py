@@ -1,5 +1,5 @@
 """Random-weight DiffusionGemma checkpoints in the published layout of
-google/diffusiongemma-26B-A4B-it (docs/diffusion-gemma.md §1-§2, §6), at any size.
+google/diffusiongemma-26B-A4B-it (docs/specs/diffusion-gemma.md §1-§2, §6), at any size.
 
 config.json as published: root keys, a `text_config` with `global_head_dim` and
 `num_global_key_value_heads` (not transformers' saved `per_layer_config` form), a small
@@ -25,7 +25,7 @@ from .files import write_json, write_safetensors
 
 SPECIAL_IDS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 50: "<|tool_response>", 98: "<|think|>",
                100: "<|channel>", 101: "<channel|>", 105: "<|turn>", 106: "<turn|>"}
-# google/diffusiongemma-26B-A4B-it's text_config sizes (docs/diffusion-gemma.md §1): 30 layers, 5 sliding to 1 full
+# google/diffusiongemma-26B-A4B-it's text_config sizes (docs/specs/diffusion-gemma.md §1): 30 layers, 5 sliding to 1 full
 PUBLISHED_TEXT = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
                       num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
                       num_global_key_value_heads=2, sliding_window=1024, num_experts=128, top_k_experts=8,

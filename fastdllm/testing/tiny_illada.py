@@ -1,5 +1,5 @@
-"""Random-weight checkpoints of iLLaDA-8B (`ILLaDAForCausalLM`, docs/illada.md) in the layout its
-spec describes. No iLLaDA file was read (docs/illada.md 6), so this is the layout as known second
+"""Random-weight checkpoints of iLLaDA-8B (`ILLaDAForCausalLM`, docs/specs/illada.md) in the layout its
+spec describes. No iLLaDA file was read (docs/specs/illada.md 6), so this is the layout as known second
 hand, not a copy: what is unconfirmed is marked [U] below and in ILLADA_CONFIG.
 
 - config.json: the keys M (the modeling file) reads, in transformers' LlamaConfig-like naming, with
@@ -33,7 +33,7 @@ SIZE_KEYS = set(TINY)
 
 
 def illada_config() -> dict:
-    """config.json at the published sizes (docs/illada.md 1.1; [U] values as marked there)."""
+    """config.json at the published sizes (docs/specs/illada.md 1.1; [U] values as marked there)."""
     return {"architectures": ["ILLaDAForCausalLM"],
             "attention_bias": False, "attention_dropout": 0.0,
             "auto_map": {"AutoConfig": "configuration_illada.ILLaDAConfig",

@@ -1,6 +1,6 @@
 """Random-weight checkpoints of the two MoE diffusion families in their published layouts:
-LLaDA2.x-mini (`llada2_moe`, docs/llada2-moe.md) and LLaDA-MoE-7B-A1B (`llada` + `LLaDAMoEModelLM`,
-docs/llada-moe.md). Written tensor by tensor with safetensors (no fastdllm model class): config.json
+LLaDA2.x-mini (`llada2_moe`, docs/specs/llada2-moe.md) and LLaDA-MoE-7B-A1B (`llada` + `LLaDAMoEModelLM`,
+docs/specs/llada-moe.md). Written tensor by tensor with safetensors (no fastdllm model class): config.json
 = the reconstructed published one (fastdllm/checkpoints/published/<checkpoint>/config.json, every key, published
 order) with the sizes shrunk, the published tensor names, sharded with `model.safetensors.index.json`.
 
@@ -9,7 +9,7 @@ built-in tiny-code byte-level BPE (4096 tokens, ids 0..4095; its own six special
 unused placeholders) and append the Ling special tokens after it, eos and mask three ids apart as in
 the real vocabulary (156892 / 156895). config `vocab_size` is padded past the tokenizer to a multiple
 of 128, as the published 157184 is; the padding rows and the mask row of lm_head are scaled down, so
-that neither is ever the argmax (docs/llada2-moe.md §8). The mask id is found through the tokenizer's
+that neither is ever the argmax (docs/specs/llada2-moe.md §8). The mask id is found through the tokenizer's
 `mask_token` (no config key names it; docs Q6 order: config, tokenizer, 156895).
 
 Weights: normal(0, init_std) for matrices and biases, 1 + N(0, 0.1^2) for every RMSNorm weight (q/k
@@ -40,7 +40,7 @@ BOS_ID, EOS_ID, ROLE_ID, ROLE_CLOSE_ID, MASK_ID, ROLE_END_ID = range(BASE_VOCAB,
 TOKENIZER_LEN = BASE_VOCAB + len(LING_SPECIALS)     # 4102
 VOCAB_SIZE = -(-TOKENIZER_LEN // 128) * 128         # 4224: padded like the published 157184 (= 1228 * 128)
 
-# Ling-2.0 chat structure (docs/llada2-moe.md §2.4): always a system turn ending in the hard-coded
+# Ling-2.0 chat structure (docs/specs/llada2-moe.md §2.4): always a system turn ending in the hard-coded
 # thinking switch, <role>X</role>content<|role_end|> turns, earlier <think> parts stripped, generation
 # prompt <role>ASSISTANT</role>, no bos. NOT the verified LLaDA2 text (the tokenizer files were not
 # readable): written from the spec's description; the tools preamble is left out and consecutive
@@ -64,7 +64,7 @@ LLADA2_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}{%- endif -%}")
 
-# LLaDA-MoE's template was not read (docs/llada-moe.md §2.2). Decision: the same Ling turn markup,
+# LLaDA-MoE's template was not read (docs/specs/llada-moe.md §2.2). Decision: the same Ling turn markup,
 # but no forced system turn and no thinking switch (a Ling-2.0 feature; LLaDA-MoE predates it).
 LLADA_MOE_CHAT_TEMPLATE = (
     "{%- set roles = {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT', 'tool': 'OBSERVATION'} -%}"
@@ -124,7 +124,7 @@ def write_llada2_moe(out: Path, *, seed=0, init_std=0.3, logit_scale=3.0, expert
 
 
 def write_llada2_2(out: Path, *, expert_capacity=4, block_size=32, **kwargs) -> Path:
-    """LLaDA2.2's format as far as it is known (docs/llada2-2.md §1): LLaDA2.1-mini's config.json
+    """LLaDA2.2's format as far as it is known (docs/specs/llada2-2.md §1): LLaDA2.1-mini's config.json
     plus `expert_capacity` and `block_size` (block routing); 4 of the fixture's 8 experts per block."""
     return write_llada2_moe(out, expert_capacity=expert_capacity, block_size=block_size, **kwargs)
 

@@ -1,5 +1,5 @@
 """Random-weight checkpoints of Nemotron-Labs Diffusion (`nemotron_labs_diffusion`,
-docs/nemotron-diffusion.md) in its published layout, written tensor by tensor with safetensors (no
+docs/specs/nemotron-diffusion.md) in its published layout, written tensor by tensor with safetensors (no
 fastdllm model class).
 
 config.json holds the 8B's published keys (shared/specs/new-families.md §1, a third-party copy) in

@@ -1,4 +1,4 @@
-"""Random-weight checkpoints of RND1-Base-0910 (`rnd1`, docs/rnd1.md) in its published layout.
+"""Random-weight checkpoints of RND1-Base-0910 (`rnd1`, docs/specs/rnd1.md) in its published layout.
 Written tensor by tensor with safetensors (no fastdllm model class).
 
 config.json holds the keys RND1's configuration class saves (configuration_rnd.py: its Qwen3-30B-A3B

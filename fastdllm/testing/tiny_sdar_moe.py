@@ -1,4 +1,4 @@
-"""Random-weight checkpoints of SDAR-30B-A3B-Chat (`sdar_moe`, docs/sdar-moe.md) in its published
+"""Random-weight checkpoints of SDAR-30B-A3B-Chat (`sdar_moe`, docs/specs/sdar-moe.md) in its published
 layout. Written tensor by tensor with safetensors (no fastdllm model class).
 
 Every non-weight file is the published one: config.json is JetLM/SDAR-30B-A3B-Chat's

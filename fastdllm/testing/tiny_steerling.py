@@ -1,4 +1,4 @@
-"""Random-weight checkpoints of Steerling-8B (`steerling`, docs/steerling.md 1, 9) in the Hub
+"""Random-weight checkpoints of Steerling-8B (`steerling`, docs/specs/steerling.md 1, 9) in the Hub
 layout: the flat config.json and tokenizer_config.json that guidelabs' build_hf_files.py writes,
 tensors under the names of docs 1.1 (backbone, known head, factorized unknown head), tied head
 unless weight_sharing is false. Written tensor by tensor with safetensors (no fastdllm class).
