@@ -209,3 +209,10 @@ def test_drill_lines_are_right_and_drill_rows_have_no_prompt():
     tokens, prompt = mix.batch(4, rng)
     assert tokens.shape == (4, 128) and prompt.tolist() == [0, 0, 0, 0]
     assert " = " in tok.decode(tokens[0].tolist())
+
+
+def test_echo_rows_repeat_a_training_prompt_verbatim():
+    rng = random.Random(4)
+    for _ in range(40):
+        prompt, answer = mixture.texts(rng, "echo", [])
+        assert prompt == answer + "\nSay it again:\n" and len(answer) > 20

@@ -56,6 +56,10 @@ def texts(rng: random.Random, kind: str, stdlib_functions: list[tuple[str, str]]
         return chat_prompt(t["prompt"]), t["prompt"] + t["canonical_solution"]
     if kind == "stdlib_function":
         return rng.choice(stdlib_functions)
+    if kind == "echo":
+        text = (word_problems.generate(rng, "train")["question"] if rng.random() < 0.6
+                else function_tasks.generate(rng, "train")["prompt"])
+        return f"{text}\nSay it again:\n", text
     raise ValueError(kind)
 
 
