@@ -1,7 +1,7 @@
 """An independent, deliberately naive transcription of dInfer's credit decoding on LLaDA
 (inclusionAI/dInfer `fce4e32`: `CreditThresholdParallelDecoder.decode` and `_apply_credit_fusion`
 in `python/dinfer/decoding/parallel_strategy.py`, called by `BaseDiffusionIteration.forward` inside
-`BlockRunner.decode`, `generate_uniform.py`), written for these tests from docs/accelerators.md 4.
+`BlockRunner.decode`, `generate_uniform.py`), written for these tests from docs/accelerators/credit.md 4.
 
 It shares no code with fastdllm's engine or its credit module: the forward is tests/reference.py's
 NaiveLM (weights read from the checkpoint files, float64); the credit is a plain float64 tensor
@@ -17,7 +17,7 @@ refresh forward over the whole canvas (their `require_update` at block entry), e
 the cached forward (prefix: the block and everything after it; dual: the block alone); without a
 cache every call runs the whole canvas. One call = one forward = one step.
 
-What is not theirs, on purpose (docs/accelerators.md 4.4, docs/specs/llada2-moe.md Q5):
+What is not theirs, on purpose (docs/accelerators/credit.md 4.4, docs/specs/llada2-moe.md Q5):
 - the credit is zeroed at every block start (theirs is keyed by the block's (start, end) and is
   cleared only when the whole canvas has no mask left, so it leaks into the next generation);
 - the loop stops as soon as the block has no mask (their unrolling and the cached forward after a

@@ -1,6 +1,6 @@
 """An independent, deliberately naive transcription of dKV-Cache-Decode on LLaDA (horseee/dKV-Cache
 `49a76fc`: `generate` in `generation_utils/llada_dkv_cache_decode.py` and the block forward of
-`models/modeling_llada_dkv_cache_decode.py`), written for these tests from docs/accelerators.md 5.2.
+`models/modeling_llada_dkv_cache_decode.py`), written for these tests from docs/accelerators/dkv.md 5.2.
 
 It shares no code with fastdllm's model, cache or engine: the weights are tests/reference.py's
 NaiveLM (read from the checkpoint files, float64); the cache is theirs, a separate per-layer pair of
@@ -19,7 +19,7 @@ Their loop, per block (the cache dropped at its start), for step i of the block'
 Low-confidence remasking: argmax, float64 softmax probability, -inf after the block, topk of the
 fixed schedule per row.
 
-Dream (no LLaDA code of theirs; docs/accelerators.md 5.2 [U]): the same loop on the shifted family,
+Dream (no LLaDA code of theirs; docs/accelerators/dkv.md 5.2 [U]): the same loop on the shifted family,
 with their Dream decoder's `shift_type "un"` rule for what a slot's cache status follows: slot j is
 "decoded" when position j + 1 is (their roll, the last slot taking position 0's status), and the
 logits at position p are the recomputed slot p - 1's (their refill with -inf, then the shift).

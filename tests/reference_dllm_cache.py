@@ -1,7 +1,7 @@
 """An independent, deliberately naive transcription of dLLM-Cache on LLaDA (maomaocun/dLLM-cache
 `17235bf`: `generate` in `utils/generate_function.py`, the layer hook `cache_hook_feature` with
 `refresh_index` and the RoPE override of `dllm_cache/hooks/cache_hook_LLaDA.py`, the step counter of
-`dllm_cache/cache/Cache.py`), written for these tests from docs/accelerators.md 5.1.
+`dllm_cache/cache/Cache.py`), written for these tests from docs/accelerators/dllm-cache.md 5.1.
 
 It shares no code with fastdllm's model, cache or engine: the weights are tests/reference.py's
 NaiveLM (read from the checkpoint files, float64). The cache is theirs: per layer, separate

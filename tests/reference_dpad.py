@@ -1,7 +1,7 @@
 """An independent, deliberately naive transcription of DPad's decoder (Crys-Chen/DPad `461b36e`,
 `llada/generate_dropout.py`: generate / generate_with_prefix_cache / generate_with_dual_cache with
 the Gaussian suffix dropout of `llada/sampler.py`), written for these tests from
-docs/accelerators.md 2.
+docs/accelerators/dpad.md 2.
 
 It shares no code with fastdllm's engine or suffix_dropout.py: the forward is tests/reference.py's
 NaiveLM (weights read from the checkpoint files, float64), extended here with explicit position ids
@@ -9,7 +9,7 @@ NaiveLM (weights read from the checkpoint files, float64), extended here with ex
 before RoPE, as their modelling code does. The canvas is pruned physically, as theirs: the first
 e + n slots of the canvas, all masks after the block, fed with the position list [0, e) + kept.
 
-The kept set: one documented draw shared with fastdllm (docs/accelerators.md 2.5; theirs comes from
+The kept set: one documented draw shared with fastdllm (docs/accelerators/dpad.md 2.5; theirs comes from
 the process-global CUDA RNG, which cannot be reproduced): a CPU torch.Generator seeded with `seed`,
 per block T - e float32 uniforms, slot e + j kept iff u_j < keep[j]. The profile is computed here on
 its own from their formula.

@@ -1,5 +1,5 @@
 """An independent, deliberately naive transcription of DUS (omerlux/DUS `generate.py`, read at
-abd7723/c917168; docs/accelerators.md 6.3), written for these tests: `generate_scheduled` with
+abd7723/c917168; docs/accelerators/dus.md 6.3), written for these tests: `generate_scheduled` with
 scheduler 'dilated' (`dilated_unmask_levels` + `merge_last_level`), remasking off (their eval's
 default, confidence_threshold 0), batch 1, greedy; and `apply_spacing_filter` with the gap of
 `generate_cb_sampler_spaced`.

@@ -1,4 +1,4 @@
-"""An independent float64 transcription of FOCUS as its authors decode (docs/focus.md 1-3, from
+"""An independent float64 transcription of FOCUS as its authors decode (docs/accelerators/focus.md 1-3, from
 sands-lab/FOCUS@277f1d1: SGLangFOCUS's LowConfidence delayed path, `forward_focus`, the CPU
 importance and selection of dllm/focus.py), written for these tests: batch 1, greedy, no early stop.
 

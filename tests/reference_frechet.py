@@ -1,7 +1,7 @@
 """An independent, deliberately naive transcription of Fast-dLLM++'s Frechet-profile commit (Kasa et
 al., arXiv 2606.02955; Ringo-Star/FastdLLM_plusplus at 29fd03401acc, files unchanged since
 518b90f4228f: `get_transfer_index_frechet_profile` in `v1/llada/generate.py`, its CPU checks in
-`v1/llada/test_frechet_rule.py`; docs/accelerators.md 6.4), written for these tests.
+`v1/llada/test_frechet_rule.py`; docs/accelerators/frechet.md 6.4), written for these tests.
 
 Their selection, per row of a (B, L) canvas: confidences off the row's masked positions are the
 dtype's most negative number; sort descending; with n_masked the row's masked count, only the first

@@ -1,7 +1,7 @@
 """An independent, deliberately naive transcription of KLASS (Kim et al., arXiv 2511.05664; the
 authors' shkim0116/KLASS at ad87ecb: `src/model/llada_klass.py: stable_confident_decode` with
 alg "klass", unmask_strategy "all", temperature 0; and `src/model/dream_klass.py: _sample` with
-alg "klass"; docs/accelerators.md 6.1), written for these tests, batch 1, greedy.
+alg "klass"; docs/accelerators/klass.md 6.1), written for these tests, batch 1, greedy.
 
 LLaDA (`variant="llada"`): per block, LLaDA's fixed schedule from the block's masked count; at most
 steps_per_block steps, a step only while the block has a mask. Each step one full forward; p the

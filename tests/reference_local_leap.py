@@ -1,7 +1,7 @@
 """An independent, deliberately naive transcription of LocalLeap's commit (Kong et al., arXiv
 2510.07081; read in the `dlmserve` 0.1.1 package on PyPI, `sampler.py: commit_with_local_leap` and
 `denoise_loop.py`, which cites the authors' friedrichor/LocalLeap `scripts/llada/run.sh` for its
-defaults; docs/accelerators.md 6.2), written for these tests, batch 1, greedy.
+defaults; docs/accelerators/local-leap.md 6.2), written for these tests, batch 1, greedy.
 
 Per block: LLaDA's fixed schedule from the block's masked count; per step the top-k masked
 positions of the block by confidence (the anchors) take their argmax, and for every anchor whose

@@ -1,6 +1,6 @@
 """An independent, deliberately naive transcription of Prophet's decoder (pixeli99/Prophet
 `generate_earlyexit.py` `generate` with `eval_llada.py`'s anchors and answer start, read at
-460afe4; docs/accelerators.md 3), written for these tests: LLaDA's fixed schedule, low-confidence
+460afe4; docs/accelerators/prophet.md 3), written for these tests: LLaDA's fixed schedule, low-confidence
 remasking, greedy, no classifier-free guidance, batch 1, with the early exit on.
 
 It shares no code with fastdllm: the model is tests/reference.py's NaiveLM (the checkpoint's

@@ -1,4 +1,4 @@
-"""`fastdllm bench --suite accelerators` (fastdllm/bench/suite.py, docs/accelerators.md 8): the rows
+"""`fastdllm bench --suite accelerators` (fastdllm/bench/suite.py, docs/accelerators/bench.md 8): the rows
 are the methods' profiles, refused rows are left out with the method's own line, agreement and
 the machine formats carry the new rows. Tiny models, short answers, one repetition."""
 

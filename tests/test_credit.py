@@ -1,4 +1,4 @@
-"""CreditDecoding (docs/accelerators.md 4): the credit state on known logits, its one-line config
+"""CreditDecoding (docs/accelerators/credit.md 4): the credit state on known logits, its one-line config
 errors, and fastdllm in float64 step by step against tests/reference_credit.py (a transcription of
 dInfer's credit decoder), batch 1 and left-padded batches, plus the `credit` profile on the CLI."""
 
@@ -196,7 +196,7 @@ def test_a_missing_block_reset_would_be_seen(llada64, monkeypatch):
 
 
 def test_no_credit_leaks_into_the_next_generation(llada64):
-    """Decided against dInfer (docs/accelerators.md 4.4): their matrices are cleared only when the
+    """Decided against dInfer (docs/accelerators/credit.md 4.4): their matrices are cleared only when the
     canvas has no mask left, so an early-stopped generation leaves credit to the next one under the
     same block key. Here a generation after an early-stopped one equals the transcription's fresh one."""
     first = run(llada64.decoder, [llada64.encode("Hi.", chat=True)], credit_cfg("dual", 0.8, early_stop=True))

@@ -1,4 +1,4 @@
-"""dKV-Cache-Decode, cache mode dkv (docs/accelerators.md 5.2): fastdllm in float64 step by step
+"""dKV-Cache-Decode, cache mode dkv (docs/accelerators/dkv.md 5.2): fastdllm in float64 step by step
 against tests/reference_dkv.py (a transcription of the authors' LLaDA decoder and block forward,
 with its own pre-RoPE cache), batch 1 and a batch of two; a left-padded batch equal to its rows;
 the cache's K/V against a full forward; the refusals; the `dkv` profile on the CLI."""

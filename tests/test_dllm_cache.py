@@ -1,4 +1,4 @@
-"""dLLM-Cache, cache mode dllm_cache (docs/accelerators.md 5.1): fastdllm in float64 step by step
+"""dLLM-Cache, cache mode dllm_cache (docs/accelerators/dllm-cache.md 5.1): fastdllm in float64 step by step
 against tests/reference_dllm_cache.py (a transcription of the authors' LLaDA generate and layer
 hook, with their own split prompt/response cache of pre-RoPE K/V and features): commits, NFE, and
 per layer which parts refreshed and which response slots were picked; refresh every step equal to
@@ -62,7 +62,7 @@ def test_step_by_step_equal_to_their_decoder(fixture, boundary, gen_len, request
     """Blocks of 8, one token a step, Kp 5, Kr 3, r 0.25: refreshes of each part alone, of both,
     and partial updates between them all happen, and match theirs at every layer of every step.
     Dream: their Dream hook's branches (the same as LLaDA's) in LLaDA's loop, logits shifted
-    (docs/accelerators.md 5.1: their Dream loop, Dream's own sampler, is not transcribed); 16
+    (docs/accelerators/dllm-cache.md 5.1: their Dream loop, Dream's own sampler, is not transcribed); 16
     tokens (its 152k-word head makes the transcription slow)."""
     lm = request.getfixturevalue(fixture)
     prompt = prompt_of(lm, boundary)

@@ -1,4 +1,4 @@
-"""DPad's suffix dropout (docs/accelerators.md 2): the keep profile and the kept-set draw (window,
+"""DPad's suffix dropout (docs/accelerators/dpad.md 2): the keep profile and the kept-set draw (window,
 decay, seed), the layout in the cache (original positions, key mask, spans ending at E), one-line
 refusals, and fastdllm in float64 step by step against tests/reference_dpad.py (a transcription of
 their generate / generate_with_prefix_cache / generate_with_dual_cache on a physically pruned
@@ -48,7 +48,7 @@ def test_keep_profile_is_their_gaussian_in_float32(k, scale, window):
 
 
 def test_expected_kept_counts_of_their_scripts():
-    """docs/accelerators.md 2.2: about 64, 68 and 49 kept slots."""
+    """docs/accelerators/dpad.md 2.2: about 64, 68 and 49 kept slots."""
     for (w, k, sc), n in [((256, 4.0, 2.0), 64), ((256, 3.0, 1.6), 68), ((128, 3.0, 2.3), 49)]:
         prob = keep_profile(DecodeConfig(gen_len=512, block_len=32, dpad_window=w, dpad_k=k, dpad_scale=sc))
         assert abs(float(prob.clamp(max=1).sum()) - n) < 1.0

@@ -1,4 +1,4 @@
-"""DUS, the `dilated` rule (docs/accelerators.md 6.3): its levels and spacing filter against the
+"""DUS, the `dilated` rule (docs/accelerators/dus.md 6.3): its levels and spacing filter against the
 transcription of the authors' functions (tests/reference_dus.py); fastdllm against the transcription
 of their `generate_scheduled` in float64 (same (position, token) pairs at every step, same NFE) with
 no cache and on the prefix/dual block cache, batch 1 and a left-padded batch; config refusals; the

@@ -1,4 +1,4 @@
-"""FOCUS (docs/focus.md) against the independent float64 transcription of its authors' decoder
+"""FOCUS (docs/accelerators/focus.md) against the independent float64 transcription of its authors' decoder
 (tests/reference_focus.py, sands-lab/FOCUS@277f1d1) on tiny SDAR and LLaDA2.0 checkpoints: per step
 the processing set, the kept set and the commits; the final canvas; NFE. With nothing dropped and
 the delayed cache off, FOCUS is the plain decode. A batch decodes each row as alone; serve's

@@ -1,4 +1,4 @@
-"""Fast-dLLM++'s Frechet rule (docs/accelerators.md 6.4): fastdllm's count against
+"""Fast-dLLM++'s Frechet rule (docs/accelerators/frechet.md 6.4): fastdllm's count against
 tests/reference_frechet.py (a transcription of the authors' `get_transfer_index_frechet_profile`)
 on random and hand-made confidences, the equal-confidence case against the factor rule, its
 config, and whole float64 decodes step by step against the transcription's block loop, on the

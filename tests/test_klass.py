@@ -1,4 +1,4 @@
-"""KLASS, the `klass` rule (docs/accelerators.md 6.1): fastdllm against the transcription of the
+"""KLASS, the `klass` rule (docs/accelerators/klass.md 6.1): fastdllm against the transcription of the
 authors' LLaDA `stable_confident_decode` (tests/reference_klass.py) in float64, the same (position,
 token) pairs at every step and the same NFE, prompts on and off the block grid, histories of 1 to 3;
 both of its paths (ready, fallback) really taken; a batch's rows each equal to the transcription

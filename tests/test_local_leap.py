@@ -1,4 +1,4 @@
-"""LocalLeap, the `local_leap` rule (docs/accelerators.md 6.2): the choice on a hand-made step; fastdllm
+"""LocalLeap, the `local_leap` rule (docs/accelerators/local-leap.md 6.2): the choice on a hand-made step; fastdllm
 against the transcription of its commit (tests/reference_local_leap.py) in float64, the same
 (position, token) pairs at every step and the same NFE, with no cache and on the prefix/dual block
 cache, one and two anchors a step, batch 1 and a left-padded batch; leaps really happen (fewer

@@ -1,4 +1,4 @@
-"""Prophet (docs/accelerators.md 3): the gap test on known logits, its one-line config errors, and
+"""Prophet (docs/accelerators/prophet.md 3): the gap test on known logits, its one-line config errors, and
 fastdllm in float64 step by step against tests/reference_prophet.py (a transcription of
 pixeli99/Prophet's generate_earlyexit.generate), without cache (theirs) and on Fast-dLLM's
 prefix/dual cache (fastdllm's composition), batches with left padding, refusals and the CLI.
@@ -169,7 +169,7 @@ def test_step_by_step_equal_to_the_transcription(fixture, boundary, cache, phase
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_an_exit_in_a_skipped_empty_step(llada64, cache):
-    """Documented divergence (docs/accelerators.md 3.4): anchors at offsets 2-4 leave block 1 three
+    """Documented divergence (docs/accelerators/prophet.md 3.4): anchors at offsets 2-4 leave block 1 three
     masks short of its 16 steps. The authors' zero-commit steps 14-16 see the canvas fastdllm's
     block-2 step 0 (their step 17) sees; their step 16 is already mid phase (16/48 >= 0.33) and
     exits there, fastdllm exits at step 17 (mid too) on the same logits: same fill, 2 forwards fewer."""

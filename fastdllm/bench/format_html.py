@@ -2,7 +2,7 @@
 file ending in .html): the caption, the table, the rows left out, and a speed-up against agreement
 scatter with one point per row compared with its baseline (PNG embedded as base64; matplotlib
 from the `plot` extra, else the page says so). The accelerators suite's summary
-(docs/accelerators.md 8)."""
+(docs/accelerators/bench.md 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`fastdllm bench --suite accelerators` (docs/accelerators.md 8): the vanilla baseline, Fast-dLLM's
+"""`fastdllm bench --suite accelerators` (docs/accelerators/bench.md 8): the vanilla baseline, Fast-dLLM's
 two settings and every built accelerator alone and on Fast-dLLM's cache and rule, in one table
 against the same baseline. Each accelerator row is the method's profile (plus the overrides that
 put it alone or on the cache); a row the model or the sweep refuses is left out with the method's

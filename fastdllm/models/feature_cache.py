@@ -1,4 +1,4 @@
-"""dLLM-Cache (maomaocun/dLLM-cache, docs/accelerators.md 5.1): a per-layer *feature* cache for a
+"""dLLM-Cache (maomaocun/dLLM-cache, docs/accelerators/dllm-cache.md 5.1): a per-layer *feature* cache for a
 bidirectional family, cache mode `dllm_cache` (decode/cache_modes.py).
 
 Every step runs the whole canvas [0, T) through every layer, but a layer recomputes its attention
