@@ -110,9 +110,9 @@ GGUF_ENTRIES = {n: e for n, e in catalog.entries().items() if e.gguf}
 def test_each_gguf_architecture_fastdllm_reads_has_an_entry_with_its_sizes():
     from fastdllm.checkpoints.gguf_arch import ARCHS
 
-    # llada-moe: no public repository of its GGUF files was read yet (docs/specs/gguf.md 8)
-    assert {e.family for e in GGUF_ENTRIES.values()} == {"llada", "Dream", "rnd1"} and set(ARCHS) - {"llada-moe"} == {
-        "llada", "dream", "rnd1"}
+    assert {e.family for e in GGUF_ENTRIES.values()} == {"llada", "Dream", "rnd1"} and set(ARCHS) == {
+        "llada", "dream", "rnd1", "llada-moe"}
+    assert any(e.shape == "llada-moe:7b-a1b-instruct" for e in GGUF_ENTRIES.values())   # architecture llada-moe
     for entry in GGUF_ENTRIES.values():
         assert entry.note and entry.shape and entry.hub.lower().endswith("-gguf")
         for tag, fields in entry.gguf.items():
