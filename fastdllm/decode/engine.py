@@ -48,7 +48,7 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the renoising sampler (renoise.RenoiseBatch; `generators`: its rows' random streams to continue),
     or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion), or LLaDA2.2's InDel
     stepper (indel.InDelBatch)."""
-    sampler = getattr(decoder.model, "sampler", "mask")
+    sampler = decoder.model.sampler
     if cfg.focus_alpha is not None:             # focus.py: block-causal mask decoders only
         refuse_focus(decoder)
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:

@@ -2,7 +2,7 @@
 plus two edit tokens, DELETE (the position is removed, the block shifts left and is padded with a
 mask) and SPLIT (a mask opens before the position's previous token). Not a second engine: it plans
 the block-causal canvas, forwards whole blocks through the cache (prefix, none, or dual without
-sub-blocks), and yields the same StepEvent / BlockEvent / Result as engine.Batch, with each step's
+sub-blocks), and yields the same StepEvent / BlockEvent / Result as mask_loop.Batch, with each step's
 deletions and insertions in the event.
 
 A row's state in its active block (`RowBlock`) is host Python over 32 positions, as the reference
@@ -11,17 +11,17 @@ Greedy only; the mask id is never predicted."""
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import torch
 
 from ..errors import UserError
 from .cache_modes import span_for
-from .canvas import answer_ended, generated, plan
-from .events import BlockEvent, Result, StepEvent, plain_result, reset_peak_memory
+from .canvas import answer_ended
+from .events import BlockEvent, StepEvent
 from .graphs import SpanForward
 from .step import complete_block
+from .stepper import Stepper
 
 
 def indel_ids(decoder) -> tuple[int, int]:
@@ -107,27 +107,23 @@ class RowBlock:
         return tokens, (m2t, t2t, deleted, opened, p)
 
 
-class InDelBatch:
-    """One batch's InDel decoding; `events()` and `result()` as engine.Batch."""
+class InDelBatch(Stepper):
+    """One batch's InDel decoding; `events()` and `result()` as mask_loop.Batch."""
 
     def __init__(self, decoder, prompts: list[list[int]], cfg, gen_lens: list[int] | None = None):
-        model, specials = decoder.model, decoder.specials
-        if model.attention.kind != "block-causal" or model.logit_shift:
+        model = decoder.model
+        if not model.attention.causal or model.logit_shift:
             raise UserError(f"indel: {decoder.name} is not a block-causal same-position family (LLaDA2.x)")
         if cfg.sub_block_len is not None or cfg.temperature:
             raise UserError("indel: greedy, whole blocks (unset sub_block_len and temperature)")
         self.delete, self.split = indel_ids(decoder)
-        self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
-        self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
-        self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=True,
-                           context_length=decoder.context_length, gen_lens=self.gen_lens)
+        super().__init__(decoder, prompts, cfg, gen_lens)
+        self.canvas = self.plan_canvas(causal=True)
         device = decoder.device
-        reset_peak_memory(device)
-        self.started = time.perf_counter()
+        self.start_clock()
         self.cache = model.new_cache(self.canvas.valid.to(device), block=cfg.block_len, keep_kv=True)
         self.forward = SpanForward.for_model(model, self.canvas.host.to(device), self.cache, widen=False)
-        self.nfe = self.committed = self.edits = self.blocks_done = self.deletions = self.insertions = 0
-        self.first_step: float | None = None
+        self.deletions = self.insertions = 0
 
     def events(self) -> Iterator[StepEvent | BlockEvent]:
         cfg, canvas, mask = self.cfg, self.canvas, self.decoder.specials.mask
@@ -172,8 +168,7 @@ class InDelBatch:
                     self.deletions, self.insertions = self.deletions + len(deleted), self.insertions + len(opened)
                 self.forward.canvas[:, s:e] = host[:, s:e].to(device)
                 self.nfe += 1
-                if self.first_step is None:
-                    self.first_step = time.perf_counter() - self.started
+                self.stamp()
                 yield StepEvent(block, step, self.nfe, span, at - starts, host[:, s:e].clone(), conf,
                                 flags["committed"], edited=flags["edited"], deleted=flags["deleted"],
                                 inserted=flags["inserted"], masks=host[:, s:e] == mask)
@@ -186,9 +181,3 @@ class InDelBatch:
                 break
             if not fresh:                                   # the block's last forward did not see it final
                 yield store(s, e, block + 1)
-
-    def generated(self) -> torch.Tensor:
-        return generated(self.canvas, self.decoder.specials.mask)
-
-    def result(self) -> Result:
-        return plain_result(self, self.generated())

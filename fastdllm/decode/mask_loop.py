@@ -61,7 +61,7 @@ class Batch(Stepper):
                            if constraints and refuse_constrained(cfg, holes, constraints, len(prompts)) else None)
         if RULES[cfg.rule].renoise:
             raise UserError(f"rule {cfg.rule} belongs to renoising samplers; {decoder.name} commits masked positions")
-        self.causal = model.attention.kind == "block-causal"
+        self.causal = model.attention.causal
         if CACHE_MODES[cfg.cache].delayed and self.causal:
             raise UserError(f"cache {cfg.cache} delays caching of decoded tokens under bidirectional attention; "
                             f"{decoder.name}'s finished blocks are already final (use prefix)")
@@ -73,8 +73,8 @@ class Batch(Stepper):
                 raise ValueError("infilling decodes one template row at a time")
             self.canvas = infill_canvas(decoder, prompts[0], holes, cfg)
         else:
-            self.canvas = self.plan(self.causal)
-        if (why := getattr(model, "padded_batch_refusal", None)) and not bool(self.canvas.valid.all()):
+            self.canvas = self.plan_canvas(self.causal)
+        if (why := model.padded_batch_refusal) and not bool(self.canvas.valid.all()):
             raise UserError(why)                        # a family decoded one unpadded row at a time (iLLaDA)
         # prophet.py: Prophet's stop test; it writes the answer anchors into the canvas now
         self.prophet = Prophet(cfg, decoder, self.canvas, self.causal, holes is not None) if cfg.prophet else None
@@ -232,4 +232,4 @@ def infill_canvas(decoder: Decoder, row: list[int], holes: list[tuple[int, int]]
     """The canvas of one template row (canvas.plan_infill), with this model's refusals."""
     model = decoder.model
     return plan_infill(row, holes, cfg, mask=decoder.specials.mask, context_length=decoder.context_length,
-                       causal=model.attention.kind == "block-causal", shifted=bool(model.logit_shift), name=decoder.name)
+                       causal=model.attention.causal, shifted=bool(model.logit_shift), name=decoder.name)

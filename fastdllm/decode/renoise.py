@@ -1,6 +1,6 @@
 """The renoising sampler: DiffusionGemma's decoder, as transformers' `generate` runs it
 (docs/diffusion-gemma.md §5). Not a second engine: it plans the canvas, yields the same StepEvent /
-BlockEvent / Result as engine.Batch, and chooses with the rules table (rule `eb_sampler`).
+BlockEvent / Result as mask_loop.Batch, and chooses with the rules table (rule `eb_sampler`).
 
 Canvas after canvas (blocks of block_len after the prompt): the encoder has written the K/V of
 everything before; the canvas starts as uniform random tokens; each step the decoder (self-
@@ -18,28 +18,22 @@ torch.manual_seed(seed) on the same device. A row that has stopped draws nothing
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import torch
 
 from ..errors import UserError
-from .canvas import answer_ended, generated, plan
+from .canvas import answer_ended
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import (
-    BlockEvent,
-    Result,
-    StepEvent,
-    plain_result,
-    reset_peak_memory,
-)
+from .events import BlockEvent, Result, StepEvent, plain_result
 from .rules import RULES
 from .selection import select
+from .stepper import Stepper
 
 
-class RenoiseBatch:
-    """One batch's renoising state; `events()` and `result()` as engine.Batch."""
+class RenoiseBatch(Stepper):
+    """One batch's renoising state; `events()` and `result()` as mask_loop.Batch."""
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens: list[int] | None = None,
                  generators: list[torch.Generator] | None = None):
@@ -48,20 +42,15 @@ class RenoiseBatch:
         if not RULES[cfg.rule].renoise:
             raise UserError(f"{decoder.name} resamples its whole canvas every step: its rule is eb_sampler "
                             f"(got '{cfg.rule}')")
-        model, specials = decoder.model, decoder.specials
-        self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
-        self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
-        self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=False,
-                           context_length=decoder.context_length, gen_lens=self.gen_lens)
+        super().__init__(decoder, prompts, cfg, gen_lens)
+        model = decoder.model
+        self.canvas = self.plan_canvas()
         device = decoder.device
-        reset_peak_memory(device)
-        self.started = time.perf_counter()
+        self.start_clock()
         self.cache = model.new_cache(self.canvas.valid.to(device))
         self.generators = generators or [row_generator(device, cfg.seed) for _ in prompts]
         self.vocab = model.config.vocab_size
-        self.nfe = self.committed = self.blocks_done = 0
         self.steps: list[list[int]] = [[] for _ in prompts]      # per row: denoising steps of each canvas
-        self.first_step: float | None = None
 
     def events(self) -> Iterator[StepEvent | BlockEvent]:
         cfg, canvas, model = self.cfg, self.canvas, self.decoder.model
@@ -128,8 +117,7 @@ class RenoiseBatch:
             self.nfe += 1
             for r in rows:
                 steps[r] += 1
-            if self.first_step is None:
-                self.first_step = time.perf_counter() - self.started
+            self.stamp()
             yield StepEvent(block, cfg.denoise_steps - left, self.nfe, (s, e), positions, x.clone().cpu(),
                             (-entropy).double().cpu(), (accepted & active[:, None]).cpu(), renoised=True)
             argmax, previous = new_argmax, logits.to(model.embed.weight.dtype)
@@ -140,9 +128,6 @@ class RenoiseBatch:
 
     def _uniform(self, row: int, n: int) -> torch.Tensor:
         return torch.randint(0, self.vocab, (n,), generator=self.generators[row], device=self.decoder.device)
-
-    def generated(self) -> torch.Tensor:
-        return generated(self.canvas, self.decoder.specials.mask)
 
     def result(self) -> Result:
         return plain_result(self, self.generated(), steps=self.steps)

@@ -1,6 +1,6 @@
 """The seeded block decoder: Nemotron-Labs Diffusion's `generate` (docs/nemotron-diffusion.md §3).
 Not a second engine: it plans the canvas, yields the same StepEvent / BlockEvent / Result as
-engine.Batch, and chooses with the rules table (threshold: C's `threshold`; fixed: its even schedule).
+mask_loop.Batch, and chooses with the rules table (threshold: C's `threshold`; fixed: its even schedule).
 
 A causal prefill writes the prompt's K/V and its last logit gives the first block's first token
 (the seed). Each block [s, e) = [seed, masks]: steps denoise the block bidirectionally against
@@ -11,18 +11,18 @@ would alone (the reference breaks a block for the whole batch when one row ends;
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import torch
 
 from ..errors import UserError
-from .canvas import answer_ended, generated, plan
+from .canvas import answer_ended
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, plain_result, reset_peak_memory
+from .events import BlockEvent, StepEvent
 from .rules import RULES
 from .selection import block_schedule, predict, select
+from .stepper import Stepper
 
 
 def refuse(decoder: Decoder, cfg: DecodeConfig, holes, constraints) -> None:
@@ -41,21 +41,15 @@ def refuse(decoder: Decoder, cfg: DecodeConfig, holes, constraints) -> None:
             raise UserError(f"{name}: {why}")
 
 
-class SeededBatch:
-    """One batch's state; `events()` and `result()` as engine.Batch."""
+class SeededBatch(Stepper):
+    """One batch's state; `events()` and `result()` as mask_loop.Batch."""
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens: list[int] | None = None):
-        model, specials = decoder.model, decoder.specials
-        self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
-        self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
-        self.canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=False,
-                           context_length=decoder.context_length, gen_lens=self.gen_lens)
-        reset_peak_memory(decoder.device)
-        self.started = time.perf_counter()
-        self.cache = model.new_cache(self.canvas.valid.to(decoder.device))
+        super().__init__(decoder, prompts, cfg, gen_lens)
+        self.canvas = self.plan_canvas()
+        self.start_clock()
+        self.cache = decoder.model.new_cache(self.canvas.valid.to(decoder.device))
         self.generator = torch.Generator(device=decoder.device).manual_seed(cfg.seed)
-        self.nfe = self.committed = self.blocks_done = 0
-        self.first_step: float | None = None
 
     # --- pieces ----------------------------------------------------------------------------------
     def _predict(self, logits: torch.Tensor):
@@ -70,15 +64,9 @@ class SeededBatch:
             token, conf = self._predict(logits[:, None])
         token, conf = token.cpu(), conf.cpu()
         host[:, b] = torch.where(rows, token[:, 0], host[:, b])
-        self._count(int(rows.sum()))
+        self.count(int(rows.sum()))
         at = torch.full((len(self.prompts), 1), b) - torch.tensor(self.canvas.starts)[:, None]
         return StepEvent(block, -1, self.nfe, (a, b), at, token, conf.double(), rows[:, None].clone())
-
-    def _count(self, committed: int) -> None:
-        self.nfe += 1
-        self.committed += committed
-        if self.first_step is None:
-            self.first_step = time.perf_counter() - self.started
 
     def _alive(self, s: int) -> torch.Tensor:
         """(B,) rows that decode the block at s: within their length, answer not ended."""
@@ -111,7 +99,7 @@ class SeededBatch:
                     chosen = select(conf, candidates.to(device), cfg, schedule[:, step].to(device))
                 tokens, conf, chosen = tokens.cpu(), conf.cpu(), chosen.cpu()
                 host[:, s:e] = torch.where(chosen, tokens, host[:, s:e])
-                self._count(int(chosen.sum()))
+                self.count(int(chosen.sum()))
                 yield StepEvent(block, step, self.nfe, (s, e), positions, tokens, conf.double(), chosen)
                 active &= ~_ended_in_block(host[:, s:e], stops, mask)
             self.blocks_done += 1
@@ -121,12 +109,6 @@ class SeededBatch:
             if block == len(canvas.blocks) - 1 or not bool((alive := self._alive(e)).any()):
                 break
             yield self._seed(s, e, block + 1, alive)                  # the commit pass: K/V and the next seed
-
-    def generated(self) -> torch.Tensor:
-        return generated(self.canvas, self.decoder.specials.mask)
-
-    def result(self) -> Result:
-        return plain_result(self, self.generated())
 
 
 def _ended_in_block(block: torch.Tensor, stops: torch.Tensor, mask: int) -> torch.Tensor:

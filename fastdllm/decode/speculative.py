@@ -1,5 +1,5 @@
 """Nemotron-Labs Diffusion's causal decoders (docs/nemotron-diffusion.md §4-5), with the events and
-result of engine.Batch:
+result of mask_loop.Batch:
 
 - mode ar (`ar_generate`): one token per causal forward, its K/V kept;
 - mode self_spec (`linear_spec_generate`, one prompt at a time): each round drafts a block
@@ -16,49 +16,36 @@ self-speculation may run up to block_len - 1 past it)."""
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import torch
 
 from ..errors import UserError
-from .canvas import generated, plan
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, plain_result, reset_peak_memory
+from .events import BlockEvent, StepEvent
 from .selection import predict, select
+from .stepper import Stepper
 
 
-class SpeculativeBatch:
+class SpeculativeBatch(Stepper):
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens: list[int] | None = None):
         if cfg.mode == "self_spec" and len(prompts) > 1:
             raise UserError(f"mode self_spec: {decoder.name} verifies one prompt at a time, as its authors' "
                             f"linear_spec_generate (use batch size 1)")
-        specials = decoder.specials
-        self.decoder, self.cfg, self.prompts = decoder, cfg, prompts
-        self.gen_lens = gen_lens or [cfg.gen_len] * len(prompts)
+        super().__init__(decoder, prompts, cfg, gen_lens)
         self.L = cfg.block_len if cfg.mode == "self_spec" else 1
-        canvas = plan(prompts, cfg, mask=specials.mask, pad=specials.pad, causal=False,
-                      context_length=decoder.context_length, gen_lens=self.gen_lens)
-        extra = torch.full((len(prompts), self.L), specials.mask)       # a last round's block may overhang
+        canvas = self.plan_canvas()
+        extra = torch.full((len(prompts), self.L), decoder.specials.mask)   # a last round's block may overhang
         canvas.host, canvas.valid = torch.cat([canvas.host, extra], 1), torch.cat([canvas.valid, extra >= 0], 1)
         self.canvas = canvas
-        reset_peak_memory(decoder.device)
-        self.started = time.perf_counter()
+        self.start_clock()
         self.cache = decoder.model.new_cache(canvas.valid.to(decoder.device))
         self.generator = torch.Generator(device=decoder.device).manual_seed(cfg.seed)
-        self.nfe = self.committed = self.blocks_done = 0
-        self.first_step: float | None = None
 
     def _predict(self, logits):
         return predict(logits, temperature=self.cfg.temperature, measure=self.cfg.confidence,
                        banned=(self.decoder.specials.mask,), generator=self.generator)
-
-    def _count(self, committed: int) -> None:
-        self.nfe += 1
-        self.committed += committed
-        if self.first_step is None:
-            self.first_step = time.perf_counter() - self.started
 
     def events(self) -> Iterator[StepEvent | BlockEvent]:
         cfg, canvas, model, L = self.cfg, self.canvas, self.decoder.model, self.L
@@ -69,7 +56,7 @@ class SpeculativeBatch:
             seed, conf = self._predict(model.encode(host[:, :start].to(device), 0, self.cache)[:, None])
         live = torch.ones(B, dtype=torch.bool)
         host[:, start] = seed[:, 0].cpu()
-        self._count(B)
+        self.count(B)
         yield StepEvent(0, -1, self.nfe, (0, start), torch.zeros(B, 1, dtype=torch.long), seed.cpu(),
                         conf.cpu().double(), live[:, None].clone())
         c, rnd = start, 0                          # c: the slot of the seed, the cache's length
@@ -86,7 +73,7 @@ class SpeculativeBatch:
                     chosen = select(conf, masked, cfg) if cfg.rule == "threshold" else masked
                 tokens, chosen = tokens.cpu(), chosen.cpu()
                 block = torch.where(chosen, tokens, block)
-                self._count(0)
+                self.count(0)
                 yield StepEvent(rnd, step, self.nfe, (c, c + L), positions, tokens, conf.cpu().double(),
                                 torch.zeros_like(chosen))
                 step += 1
@@ -98,7 +85,7 @@ class SpeculativeBatch:
             keep = torch.arange(L)[None, :] < accepted[:, None]
             write = keep & live[:, None] & (torch.arange(c + 1, c + 1 + L)[None, :] < ends[:, None])
             host[:, c + 1:c + 1 + L] = torch.where(write, ar, host[:, c + 1:c + 1 + L])
-            self._count(int(write.sum()))
+            self.count(int(write.sum()))
             yield StepEvent(rnd, step, self.nfe, (c, c + L), positions + 1, ar, conf.cpu().double(), write)
             a = int(accepted[live].max()) if B > 1 else int(accepted[0])   # AR: every row accepts 1
             self.blocks_done += 1
@@ -107,9 +94,3 @@ class SpeculativeBatch:
             live &= ~(torch.isin(ar, stops) & write).any(1)
             c, rnd = c + a, rnd + 1
             live &= c + 1 < ends
-
-    def generated(self) -> torch.Tensor:
-        return generated(self.canvas, self.decoder.specials.mask)
-
-    def result(self) -> Result:
-        return plain_result(self, self.generated())

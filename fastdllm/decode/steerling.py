@@ -1,5 +1,5 @@
 """Steerling's decoder: `SteerlingGenerator.generate_full` (steerling 0.2.0, docs/steerling.md 5).
-Not a second engine: it yields the same StepEvent / BlockEvent / Result as engine.Batch.
+Not a second engine: it yields the same StepEvent / BlockEvent / Result as mask_loop.Batch.
 
 Canvas `prompt + gen_len masks` (length L + G exactly). Decoding blocks of `diff_block_size` start
 at the prompt's end, while attention is block-causal on the absolute grid, so a decoding block
@@ -20,7 +20,6 @@ holding the block's end. Same logits, same NFE."""
 from __future__ import annotations
 
 import math
-import time
 from typing import Iterator
 
 import torch
@@ -29,8 +28,9 @@ from ..errors import UserError
 from .canvas import Canvas
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, finish_result, reset_peak_memory
+from .events import BlockEvent, Result, StepEvent, finish_result
 from .selection import block_schedule
+from .stepper import Stepper
 
 
 def refuse(decoder: Decoder, cfg: DecodeConfig, prompts, gen_lens, holes, constraints) -> None:
@@ -79,7 +79,7 @@ def top_p_draw(p: torch.Tensor, top_p: float, generator: torch.Generator) -> int
     return int(order[torch.multinomial(kept / kept.sum(), 1, generator=generator)])
 
 
-class SteerlingBatch:
+class SteerlingBatch(Stepper):
     """One batch's state (rows of one prompt length, each decoded as alone); `events()`, `result()`."""
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_lens=None, holes=None,
@@ -87,15 +87,14 @@ class SteerlingBatch:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UserError("empty prompt: give at least one token of input")
         refuse(decoder, cfg, prompts, gen_lens, holes, constraints)
+        super().__init__(decoder, prompts, cfg)                 # every row gen_len tokens
         model, specials = decoder.model, decoder.specials
-        self.decoder, self.cfg, self.prompts, self.gen_lens = decoder, cfg, prompts, [cfg.gen_len] * len(prompts)
         B, L, G, size = len(prompts), len(prompts[0]), cfg.gen_len, cfg.block_len
         host = torch.full((B, L + G), specials.mask, dtype=torch.long)
         host[:, :L] = torch.tensor(prompts)
         blocks = [(L + k * size, L + (k + 1) * size) for k in range(G // size)]
         self.canvas = Canvas(host, torch.ones_like(host, dtype=torch.bool), [L] * B, [L + G] * B, G, blocks, 0)
-        reset_peak_memory(decoder.device)
-        self.started = time.perf_counter()
+        self.start_clock()
         self.kv = model.new_kv(B, L + G)
         self.cache = _Bytes(sum(k.nbytes + v.nbytes for k, v in self.kv))
         self.kv_tokens = torch.full_like(host, -1)       # the tokens each slot's K/V were computed from
@@ -103,8 +102,6 @@ class SteerlingBatch:
         self.eos = model.config.eos_token_id
         self.banned = torch.tensor([self.eos, specials.mask, specials.pad])
         self.ended = torch.zeros(B, dtype=torch.bool)    # EOT sampled or a stop token's block finished
-        self.nfe = self.committed = self.blocks_done = 0
-        self.first_step: float | None = None
 
     def _span(self, s: int, e: int) -> tuple[int, int]:
         """The canvas span a step of decoding block [s, e) recomputes (module docstring)."""
@@ -149,7 +146,7 @@ class SteerlingBatch:
                                                torch.arange(s, e, device=device).expand(B, -1)).cpu()
                 self.kv_tokens[:, a:b] = host[:, a:b]
                 self.nfe += 1
-                self.first_step = self.first_step or time.perf_counter() - self.started
+                self.stamp()
                 tokens, conf = logits.argmax(-1), torch.zeros(B, size, dtype=torch.float64)
                 chosen = torch.zeros(B, size, dtype=torch.bool)
                 for row in (~self.ended).nonzero()[:, 0].tolist():

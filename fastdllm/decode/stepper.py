@@ -31,7 +31,7 @@ class Stepper:
         self.nfe = self.committed = self.edits = self.blocks_done = 0  # edits: tokens overwritten (T2T)
         self.first_step: float | None = None                          # seconds to the first step's end
 
-    def plan(self, causal: bool = False) -> Canvas:
+    def plan_canvas(self, causal: bool = False) -> Canvas:
         """The canvas of the prompts and their generation lengths (canvas.plan)."""
         decoder, specials = self.decoder, self.decoder.specials
         return plan(self.prompts, self.cfg, mask=specials.mask, pad=specials.pad, causal=causal,
