@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .cache_modes import CACHE_MODES
+from .combinations import refuse_pairs
 from .rules import RULES
 
 
@@ -134,8 +135,8 @@ class DecodeConfig:
             self._check_dpad(rule)
         if self.block_align == "grid":
             self._check_grid(rule)
-        if self.variable_length:
-            self._check_growing(rule)
+        if self.variable_length:                # growing.py: nothing after the current block exists yet
+            refuse_pairs(self, "variable_length", ConfigError)
         if CACHE_MODES[self.cache].features:
             self._check_features(rule)
         if self.focus_alpha is not None:
@@ -151,43 +152,21 @@ class DecodeConfig:
         if rule.bound or rule.renoise or rule.whole_canvas:
             raise ConfigError(f"focus_alpha: rule {self.rule} is not combined with it (use dynamic, the authors' "
                               f"LowConfidence, or threshold)")
-        for on, name in ((self.sub_block_len, "sub_block_len"), (self.edit_threshold is not None, "edit_threshold"),
-                         (self.indel, "indel"), (self.credit, "credit"), (self.prophet, "prophet"),
-                         (self.dpad_window, "dpad"), (self.variable_length, "variable_length"),
-                         (self.end_think_boost, "end_think_boost"), (self.batch_invariant, "batch_invariant"),
-                         (self.mode != "diffusion", f"mode {self.mode}")):
-            if on:
-                raise ConfigError(f"focus_alpha: not combined with {name} (unset one)")
+        refuse_pairs(self, "focus_alpha", ConfigError)
 
     def _check_klass(self) -> None:
         """KLASS (decode/klass.py) is greedy and reads each step's distributions at the block itself."""
         if self.temperature > 0:
             raise ConfigError("the klass rule is greedy (the authors' KL with temperature reads Gumbel-noised "
                               "scores, not a distribution): set temperature 0")
-        for on, name in ((self.credit, "credit"), (self.prophet, "prophet"), (self.dpad_window, "dpad"),
-                         (self.edit_threshold is not None, "edit_threshold"), (self.sub_block_len, "sub_block_len"),
-                         (CACHE_MODES[self.cache].delayed, f"cache {self.cache}")):
-            if on:
-                raise ConfigError(f"the klass rule is not combined with {name} (unset one)")
+        refuse_pairs(self, "klass", ConfigError)
 
     def _check_grid(self, rule) -> None:
         """Blocks on the grid (canvas.py): the number of blocks follows the prompt's length."""
         if rule.scheduled or rule.whole_canvas:
             raise ConfigError(f"block_align grid: the {self.rule} rule spreads its steps over gen_len / block_len "
                               f"blocks, and on the grid the first block holds the prompt's tail (use block_align prompt)")
-        for on, name in ((self.prophet, "prophet"), (self.dpad_window, "dpad"), (CACHE_MODES[self.cache].delayed, self.cache)):
-            if on:
-                raise ConfigError(f"block_align grid: not combined with {name} (its canvas counts blocks from the "
-                                  f"prompt's end; use block_align prompt)")
-
-    def _check_growing(self, rule) -> None:
-        """variable_length (decode/growing.py): nothing after the current block exists yet."""
-        mode = CACHE_MODES[self.cache]
-        for on, name in ((self.prophet, "prophet"), (self.dpad_window, "dpad"), (self.rule == "klass", "rule klass"),
-                         (rule.renoise, f"rule {self.rule}"), (mode.delayed or mode.features, f"cache {self.cache}")):
-            if on:
-                raise ConfigError(f"variable_length: not combined with {name} (it reads the canvas after the current "
-                                  f"block, which does not exist yet)")
+        refuse_pairs(self, "grid", ConfigError)
 
     def _check_features(self, rule) -> None:
         """dLLM-Cache (models/feature_cache.py) splits one left-padded canvas at the prompt's end."""
@@ -195,10 +174,7 @@ class DecodeConfig:
             raise ConfigError(f"cache {self.cache} caches a mask decoder's features; the {self.rule} rule resamples whole canvases")
         if self.refresh_every is not None:
             raise ConfigError(f"cache {self.cache} refreshes by prompt_interval and gen_interval; unset refresh_every")
-        for on, name in ((self.dpad_window, "dpad"), (self.block_align == "grid", "block_align grid")):
-            if on:
-                raise ConfigError(f"cache {self.cache}: not combined with {name} (it splits the whole canvas at the "
-                                  f"prompt's end, the same slot in every row)")
+        refuse_pairs(self, "features", ConfigError)
 
     def _check_dpad(self, rule) -> None:
         """DPad (decode/suffix_dropout.py) drops masked slots after the active block."""
@@ -206,8 +182,7 @@ class DecodeConfig:
             raise ConfigError(f"dpad drops masked suffix slots; the {self.rule} rule resamples whole canvases")
         if rule.whole_canvas:
             raise ConfigError(f"dpad needs blocks after the active one; the {self.rule} rule decodes one global canvas")
-        if self.prophet:
-            raise ConfigError("dpad: not combined with prophet (its anchors stand in the suffix; unset one)")
+        refuse_pairs(self, "dpad", ConfigError)
         if CACHE_MODES[self.cache].delayed:
             raise ConfigError(f"dpad: not combined with the {self.cache} cache (its delayed slots are canvas positions, "
                               f"not the compacted suffix); use none, prefix or dual")
@@ -225,9 +200,7 @@ class DecodeConfig:
                               f"(it starts two slots after the last anchor)")
         if rule.renoise:
             raise ConfigError(f"prophet commits masked positions early; the {self.rule} rule resamples whole canvases")
-        if self.edit_threshold is not None or self.credit:
-            raise ConfigError("prophet: not combined with " + ("edit_threshold" if self.edit_threshold is not None
-                                                                else "credit") + " (unset one)")
+        refuse_pairs(self, "prophet", ConfigError)
 
     def _check_editing(self, rule) -> None:
         """Token editing (docs/llada2-editing.md) compares the new token's probability, per whole block."""

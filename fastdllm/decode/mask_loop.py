@@ -26,6 +26,7 @@ from .accelerators.prophet import ProphetStop
 from .batch_invariant import make_batch_invariant
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, plan_infill
+from .combinations import refuse_pairs
 from .config import DecodeConfig
 from .constraint import Compiled, RowConstraints
 from .credit import CreditTrace
@@ -210,12 +211,10 @@ def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -
         raise ValueError(f"{len(constraints)} constraints for {rows} rows")
     if not any(c is not None for c in constraints):
         return False
-    for on, name, why in ((holes is not None, "infilling", "the text after a hole is not part of the sentence"),
-                          (cfg.prophet, "prophet", "it commits every remaining mask at once"),
-                          (cfg.edit_threshold is not None, "edit_threshold", "it overwrites committed tokens"),
-                          (cfg.focus_alpha is not None, "focus_alpha", "it drops masks the grammar may need")):
-        if on:
-            raise UsageError(f"structured output: not combined with {name} ({why}; docs/structured-output.md)")
+    if holes is not None:
+        raise UsageError("structured output: not combined with infilling (the text after a hole is not part of the "
+                         "sentence; docs/structured-output.md)")
+    refuse_pairs(cfg, "structured", UsageError)
     return True
 
 
