@@ -15,14 +15,14 @@ other steps of the block:
     dllm_cache [0, T)         [0, T), each layer's attention/FFN taken from its feature cache
                               except where its schedule recomputes them (models/feature_cache.py)
 
-dkv is dKV-Cache-Decode (horseee/dKV-Cache, docs/accelerators.md 5.2), the delayed cache: a slot's
+dkv is dKV-Cache-Decode (horseee/dKV-Cache, docs/accelerators/dkv.md 5.2), the delayed cache: a slot's
 keys/values are cached one step after its position is decoded, and every other slot is recomputed
 every step. So its steps 0 and 1 (nothing is cached before step 1's forward) and every
 `refresh_every`-th are full; between them a step recomputes the slots whose logit position
 (slot + logit shift) was masked at the start of the previous step: every mask, and the positions
 the previous step committed (models/kv_cache.Slots; the engine builds the set from its host canvas).
 
-dllm_cache is dLLM-Cache (maomaocun/dLLM-cache, docs/accelerators.md 5.1): every step runs the whole
+dllm_cache is dLLM-Cache (maomaocun/dLLM-cache, docs/accelerators/dllm-cache.md 5.1): every step runs the whole
 canvas, and inside each layer the prompt's and the response's features are refreshed on their own
 intervals (prompt_interval, gen_interval), with transfer_ratio of the response recomputed between
 (the slots whose V changed most); the engine attaches the FeatureCache and runs without CUDA graphs.

@@ -20,7 +20,7 @@ GRID = "its canvas counts blocks from the prompt's end; use block_align prompt"
 GROWING = "it reads the canvas after the current block, which does not exist yet"
 SPLIT = "it splits the whole canvas at the prompt's end, the same slot in every row"
 ANCHORS = "its anchors stand in the suffix; unset one"
-GRAMMAR = "; docs/structured-output.md"
+GRAMMAR = "; docs/specs/structured-output.md"
 EARLY, EDITS = "it commits every remaining mask at once" + GRAMMAR, "it overwrites committed tokens" + GRAMMAR
 DROPS = "it drops masks the grammar may need" + GRAMMAR
 

@@ -56,31 +56,31 @@ class DecodeConfig:
     confidence_stop: float = field(default=0.005, metadata={"min": 0.0, "help": "renoising samplers: the mean entropy (nats) under which a stable canvas stops"})
     edit_threshold: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0, "help": "token editing (LLaDA2.1): also overwrite a token written in the active block when the new argmax differs and its probability exceeds this (none: no editing)"})
     max_post_steps: int = field(default=16, metadata={"min": 0, "help": "token editing: the most edit-only rounds after a block has no mask left"})
-    indel: bool = field(default=False, metadata={"help": "insert/delete editing (LLaDA2.2, docs/llada2-2.md 3): token editing with edit_threshold plus the checkpoint's DELETE and SPLIT tokens, commits by threshold (at least one more than the masks edits opened)"})
+    indel: bool = field(default=False, metadata={"help": "insert/delete editing (LLaDA2.2, docs/specs/llada2-2.md 3): token editing with edit_threshold plus the checkpoint's DELETE and SPLIT tokens, commits by threshold (at least one more than the masks edits opened)"})
     refresh_every: int | None = field(default=None, metadata={"min": 1, "help": "also refresh the cache every r steps inside a block"})
     prompt_interval: int = field(default=50, metadata={"min": 1, "help": "cache dllm_cache: recompute the prompt's attention/FFN features every this many steps (their prompt_interval_steps; 1: every step)"})
     gen_interval: int = field(default=7, metadata={"min": 1, "help": "cache dllm_cache: recompute the response's features every this many steps (their gen_interval_steps)"})
     transfer_ratio: float = field(default=0.25, metadata={"min": 0.0, "max": 1.0, "help": "cache dllm_cache: between response refreshes, recompute this share of the response, the slots whose value vectors changed most (0: none)"})
     batch_invariant: bool = field(default=False, metadata={"help": "a row's answer does not depend on the other rows of its batch, in any dtype: forwards run row by row on the slots the row has alone, logits at every block position (decode/batch_invariant.py; costs the batched matrix products)"})
     early_stop: bool = field(default=True, metadata={"help": "stop after the block where the answer ends"})
-    variable_length: bool = field(default=False, metadata={"help": "variable-length decoding as iLLaDA's authors do it (their var): the canvas grows one block at a time, so a block's forwards see the prompt and the blocks before it, never masks after it; with early_stop it ends after the block where the answer ends (docs/illada.md 3.2)"})
+    variable_length: bool = field(default=False, metadata={"help": "variable-length decoding as iLLaDA's authors do it (their var): the canvas grows one block at a time, so a block's forwards see the prompt and the blocks before it, never masks after it; with early_stop it ends after the block where the answer ends (docs/specs/illada.md 3.2)"})
     block_steps: int | None = field(default=None, metadata={"min": 1, "help": "steps per block (the authors' steps under variable_length): total steps = block_steps x the number of blocks; not with steps"})
-    end_think_boost: float = field(default=0.0, metadata={"min": 0.0, "help": "the end-of-thinking boost of iLLaDA's authors: while the answer holds no </think>, add end_think_boost x progress^end_think_power to the logit of its next token at the block's first masked position (progress: that position's offset over gen_len; 0: off; docs/illada.md 3.4)"})
+    end_think_boost: float = field(default=0.0, metadata={"min": 0.0, "help": "the end-of-thinking boost of iLLaDA's authors: while the answer holds no </think>, add end_think_boost x progress^end_think_power to the logit of its next token at the block's first masked position (progress: that position's offset over gen_len; 0: off; docs/specs/illada.md 3.4)"})
     end_think_power: float = field(default=2.0, metadata={"gt": 0.0, "help": "the power of the progress in end_think_boost (the authors' 3, or 1 for HumanEval)"})
-    credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators.md 4)"})
+    credit: bool = field(default=False, metadata={"help": "CreditDecoding (dInfer's use_credit): before the confidence, add credit_alpha log(1 + credit) to the logits, the credit being a block's decaying sum of p^credit_gamma for each position's argmax (docs/accelerators/credit.md 4)"})
     credit_alpha: float = field(default=0.7, metadata={"gt": 0.0, "help": "credit: the weight of log(1 + credit) added to the logits"})
     credit_gamma: float = field(default=0.2, metadata={"min": 0.0, "help": "credit: the power of each step's argmax probability that a masked position's credit gains"})
     credit_beta: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0, "help": "credit: the factor a block's credit decays by at each of its steps after the first"})
-    prophet: bool = field(default=False, metadata={"help": "Prophet (early answer commit, docs/accelerators.md 3): at a step that recomputes the whole canvas, once the mean top-2 logit gap over the answer region reaches the phase's threshold, every remaining mask of the row takes this step's argmax and the row stops"})
+    prophet: bool = field(default=False, metadata={"help": "Prophet (early answer commit, docs/accelerators/prophet.md 3): at a step that recomputes the whole canvas, once the mean top-2 logit gap over the answer region reaches the phase's threshold, every remaining mask of the row takes this step's argmax and the row stops"})
     prophet_early: float = field(default=7.5, metadata={"help": "prophet: the gap to reach while progress < 0.33"})
     prophet_mid: float = field(default=5.0, metadata={"help": "prophet: the gap to reach while progress < 0.67"})
     prophet_late: float = field(default=2.5, metadata={"help": "prophet: the gap to reach after that"})
     answer_anchor: str | None = field(default=None, metadata={"help": "prophet: words written at generation offsets before the first step, 'offset:word|...' (e.g. '200:The|201:answer|202:is'); the answer region starts two slots after the last"})
     answer_tokens: int = field(default=5, metadata={"min": 1, "help": "prophet: the answer region's length (slots whose gaps are averaged)"})
-    dpad_window: int | None = field(default=None, metadata={"min": 1, "help": "DPad (suffix dropout, docs/accelerators.md 2): at each block start keep the j-th masked slot after the block with probability dpad_scale * exp(-x^2/2) / sqrt(2 pi), x = j * dpad_k / (dpad_window - 1), never past this many slots; the rest is dropped from the forward (none: off)"})
+    dpad_window: int | None = field(default=None, metadata={"min": 1, "help": "DPad (suffix dropout, docs/accelerators/dpad.md 2): at each block start keep the j-th masked slot after the block with probability dpad_scale * exp(-x^2/2) / sqrt(2 pi), x = j * dpad_k / (dpad_window - 1), never past this many slots; the rest is dropped from the forward (none: off)"})
     dpad_k: float = field(default=4.0, metadata={"min": 0.0, "help": "dpad: where the window ends, in standard deviations of the keep profile (their --k_sigma)"})
     dpad_scale: float = field(default=2.0, metadata={"gt": 0.0, "help": "dpad: the keep profile's scale (the keep probability right after the block is dpad_scale / sqrt(2 pi))"})
-    focus_alpha: float | None = field(default=None, metadata={"min": 1.0, "help": "FOCUS (docs/focus.md), block-causal families: each step keeps about ceil(focus_alpha x the tokens the block decoded per step so far) of its masked tokens, picked from layers 0 and 1's attention, and drops the rest from the rest of the forward (the authors' 1.5; none: off)"})
+    focus_alpha: float | None = field(default=None, metadata={"min": 1.0, "help": "FOCUS (docs/accelerators/focus.md), block-causal families: each step keeps about ceil(focus_alpha x the tokens the block decoded per step so far) of its masked tokens, picked from layers 0 and 1's attention, and drops the rest from the rest of the forward (the authors' 1.5; none: off)"})
     focus_delayed: bool = field(default=True, metadata={"help": "focus: the authors' delayed cache, a decoded token whose right neighbour is decoded too is no longer recomputed in its block (off: every step recomputes the whole block, not the authors')"})
 
     def __post_init__(self) -> None:
@@ -203,7 +203,7 @@ class DecodeConfig:
         refuse_pairs(self, "prophet", ConfigError)
 
     def _check_editing(self, rule) -> None:
-        """Token editing (docs/llada2-editing.md) compares the new token's probability, per whole block."""
+        """Token editing (docs/specs/llada2-editing.md) compares the new token's probability, per whole block."""
         if rule.renoise:
             raise ConfigError(f"edit_threshold: the {self.rule} rule resamples whole canvases; editing belongs to mask decoding")
         if self.confidence != "prob":

@@ -1,4 +1,4 @@
-"""Structured output in the mask loop (docs/structured-output.md): a left-to-right grammar matcher
+"""Structured output in the mask loop (docs/specs/structured-output.md): a left-to-right grammar matcher
 (llguidance) per constrained row, met at the row's frontier, its leftmost masked position.
 
 - `Spec`: what was asked (JSON, a JSON Schema, a regex, a Lark grammar), as text; torch-free.

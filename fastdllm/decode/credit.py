@@ -1,5 +1,5 @@
 """CreditDecoding (inclusionAI/dInfer's `use_credit`, `CreditThresholdParallelDecoder`;
-docs/accelerators.md 4): a logits transform before the confidence, with per-block state.
+docs/accelerators/credit.md 4): a logits transform before the confidence, with per-block state.
 
 A token the model keeps predicting at a masked position, step after step, gains *credit*; the
 logits the step decides on are `logits + alpha * log(1 + credit)`, so a consistent token crosses
@@ -11,7 +11,7 @@ the rule's threshold earlier. Per call on a block's logits (B, K, V):
     4. fused = logits + alpha * log(credit + 1), what `selection.predict` then reads unchanged
 
 The state is one dense (B, L, V) matrix, as theirs, in fp32 or better (float32 for bf16/fp16/fp32
-logits, float64 for float64 ones). Decided against their code (docs/accelerators.md 4.4): the
+logits, float64 for float64 ones). Decided against their code (docs/accelerators/credit.md 4.4): the
 credit is zeroed at every block start (theirs survives an early-stopped generation under the same
 block key), one matrix is reused for every block, and each row's credit is its own (their batch
 shares only the call counter, which every row of a block steps together anyway).

@@ -1,4 +1,4 @@
-"""DUS, the Dilated Unmasking Scheduler (docs/accelerators.md 6.3): the block's coarse-to-fine
+"""DUS, the Dilated Unmasking Scheduler (docs/accelerators/dus.md 6.3): the block's coarse-to-fine
 levels, and the spacing post-filter of adaptive rules (the authors' Sec. 4.4).
 
 A block of L slots is split into levels of slots far apart from each other; the `dilated` rule

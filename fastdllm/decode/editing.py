@@ -1,4 +1,4 @@
-"""Token editing (LLaDA2.1's T2T, docs/llada2-editing.md) as state of the engine's one mask loop.
+"""Token editing (LLaDA2.1's T2T, docs/specs/llada2-editing.md) as state of the engine's one mask loop.
 
 Per row of the batch, the active block is decoded while the row is `live`. Without editing a row
 is done once its block has no mask left (the plain mask loop). With editing (DecodeConfig
@@ -34,7 +34,7 @@ def refuse_editing(decoder, causal: bool) -> None:
 
 
 def refuse_partial_routing(decoder, cfg) -> None:
-    """LLaDA2.2's block routing (docs/llada2-2.md §2.2) routes whole 32-position blocks: a forward
+    """LLaDA2.2's block routing (docs/specs/llada2-2.md §2.2) routes whole 32-position blocks: a forward
     of part of one (a decoding block that does not tile them, a sub-block span) is refused."""
     block = getattr(decoder.model.config, "routing_block", None)
     if not block:

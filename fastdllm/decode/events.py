@@ -32,7 +32,7 @@ class StepEvent:
                                 # `confidences` -entropy; the block's tokens come with its BlockEvent
     edited: torch.Tensor | None = None   # (B, K) bool: written tokens overwritten this step (token
                                          # editing, T2T); None where a step cannot edit
-    deleted: torch.Tensor | None = None  # (B, K) bool, InDel (docs/llada2-2.md §3): offsets where a DELETE
+    deleted: torch.Tensor | None = None  # (B, K) bool, InDel (docs/specs/llada2-2.md §3): offsets where a DELETE
     inserted: torch.Tensor | None = None  # or a SPLIT was written; `tokens` is then the block after the edits
     masks: torch.Tensor | None = None    # (B, K) bool, InDel: the block's masks after the edits
 

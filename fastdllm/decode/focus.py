@@ -1,4 +1,4 @@
-"""FOCUS (sands-lab/FOCUS, docs/focus.md): inside a block of a block-causal model, keep the masked
+"""FOCUS (sands-lab/FOCUS, docs/accelerators/focus.md): inside a block of a block-causal model, keep the masked
 tokens that layers 0 and 1's attention say will be decoded soon and drop the others from the rest
 of the forward, on top of the authors' delayed cache.
 

@@ -1,4 +1,4 @@
-"""iLLaDA's decoding additions (docs/illada.md 3.2, 3.4), as policies of the one mask loop.
+"""iLLaDA's decoding additions (docs/specs/illada.md 3.2, 3.4), as policies of the one mask loop.
 
 Growing canvas (`variable_length`, the authors' `var_generate`): they append one block of masks to
 the prompt and the finished blocks, decode it with `block_steps` full forwards, and stop between

@@ -1,4 +1,4 @@
-"""LLaDA2.2's insert/delete (InDel) decoding (docs/llada2-2.md §3): LLaDA2.1's M2T + T2T editing
+"""LLaDA2.2's insert/delete (InDel) decoding (docs/specs/llada2-2.md §3): LLaDA2.1's M2T + T2T editing
 plus two edit tokens, DELETE (the position is removed, the block shifts left and is padded with a
 mask) and SPLIT (a mask opens before the position's previous token). Not a second engine: it plans
 the block-causal canvas, forwards whole blocks through the cache (prefix, none, or dual without

@@ -1,4 +1,4 @@
-"""KLASS, KL-Adaptive Stability Sampling (Kim et al., arXiv 2511.05664; docs/accelerators.md 6.1): a
+"""KLASS, KL-Adaptive Stability Sampling (Kim et al., arXiv 2511.05664; docs/accelerators/klass.md 6.1): a
 step commits every masked position of the active block that is *ready*, confident (p(x0) >
 threshold, strictly) and stable (KL(p_t || p_{t-1}) < klass_kl at each of its last klass_history
 steps); a row with none ready commits the fixed schedule's most confident, as LLaDA's loop.
@@ -15,7 +15,7 @@ mask id included), as the authors'. A position with no previous distribution has
 stable). The authors' "block-local step >= H - 1 and the last H KLs < klass_kl" is `streak >= H`
 with the streak zeroed at every block start: a streak of H needs H steps of this block, and the
 window of a step >= H - 1 holds only this block's KLs, the first of them against the previous
-block's last forward, which `ahead` keeps (docs/accelerators.md 6.1, "history across blocks").
+block's last forward, which `ahead` keeps (docs/accelerators/klass.md 6.1, "history across blocks").
 """
 
 from __future__ import annotations

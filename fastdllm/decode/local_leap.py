@@ -1,4 +1,4 @@
-"""LocalLeap (Kong et al., arXiv 2510.07081; docs/accelerators.md 6.2): each step commits the fixed
+"""LocalLeap (Kong et al., arXiv 2510.07081; docs/accelerators/local-leap.md 6.2): each step commits the fixed
 schedule's most confident candidates (the anchors), and besides them every candidate within
 `leap_radius` positions of an anchor whose confidence reaches `leap_anchor`, if its own confidence
 reaches `leap_neighbor`. Only masked positions of the active block are candidates, so a leap never

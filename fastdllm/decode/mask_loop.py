@@ -213,7 +213,7 @@ def refuse_constrained(cfg: DecodeConfig, holes, constraints: list, rows: int) -
         return False
     if holes is not None:
         raise UsageError("structured output: not combined with infilling (the text after a hole is not part of the "
-                         "sentence; docs/structured-output.md)")
+                         "sentence; docs/specs/structured-output.md)")
     refuse_pairs(cfg, "structured", UsageError)
     return True
 

@@ -149,7 +149,7 @@ def resolve(profile: Profile | None, flags: dict[str, Any], model_dir: Path | No
 
 def self_spec_drafts(merged: dict[str, Any], set_at: dict[str, int]) -> None:
     """Nemotron's mode self_spec drafts by the checkpoint's own default, linear_spec_generate's
-    threshold 0 (one draft forward fills every mask; docs/nemotron-diffusion.md 5), unless the layer
+    threshold 0 (one draft forward fills every mask; docs/specs/nemotron-diffusion.md 5), unless the layer
     that chose the mode, or a later one, chose the rule or the threshold: a profile's threshold 0.9
     for block decoding is not a draft threshold. Threshold 0 is spelled rule fixed there."""
     if merged.get("mode") != "self_spec":

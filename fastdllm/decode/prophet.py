@@ -1,5 +1,5 @@
 """Prophet (pixeli99/Prophet `generate_earlyexit.py` with `eval_llada.py`, read at 460afe4;
-docs/accelerators.md 3): early answer commit, a stop test read by the engine.
+docs/accelerators/prophet.md 3): early answer commit, a stop test read by the engine.
 
 Anchors (`answer_anchor`, their `constraints_text`, e.g. "200:The|201:answer|202:is"): each
 `pos:word` is encoded as " " + word without special tokens and written at generation offsets pos,

@@ -1,5 +1,5 @@
 """The renoising sampler: DiffusionGemma's decoder, as transformers' `generate` runs it
-(docs/diffusion-gemma.md §5). Not a second engine: it plans the canvas, yields the same StepEvent /
+(docs/specs/diffusion-gemma.md §5). Not a second engine: it plans the canvas, yields the same StepEvent /
 BlockEvent / Result as mask_loop.Batch, and chooses with the rules table (rule `eb_sampler`).
 
 Canvas after canvas (blocks of block_len after the prompt): the encoder has written the K/V of

@@ -49,7 +49,7 @@ def _factor(sorted_conf, cfg, scheduled):
 
 
 def _frechet(sorted_conf, cfg, scheduled):
-    # Fast-dLLM++'s Frechet profile (docs/accelerators.md 6.4): over the candidates' confidences c_1 >=
+    # Fast-dLLM++'s Frechet profile (docs/accelerators/frechet.md 6.4): over the candidates' confidences c_1 >=
     # c_2 >= ..., score_n = (c_1 + .. + c_n - (n - 1)) - (1 - c_n), the Frechet lower bound on the
     # first n all being right less the bound on a rival of the n-th; count every n with score_n >
     # frechet_margin, the first always. score_n never rises with n, so the n counted are a prefix;
@@ -150,7 +150,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("frechet", "frechet_margin", _frechet, lambda cfg: cfg.frechet_margin,
          lambda v, n: f"frechet margin {v:g}", lambda v, n: f"fr>{v:g}",
          "Fast-dLLM++'s Frechet profile: the largest n with (c_1 + .. + c_n - (n-1)) - (1 - c_n) > "
-         "frechet_margin over the sorted confidences (docs/accelerators.md 6.4)",
+         "frechet_margin over the sorted confidences (docs/accelerators/frechet.md 6.4)",
          needs_probability=True),
     Rule("fixed", "steps", _fixed, lambda cfg: cfg.total_steps,
          lambda v, n: f"fixed {plural(v, 'step')}", _steps_text,
@@ -164,7 +164,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("dinfer", "threshold", _dinfer, lambda cfg: cfg.threshold,
          lambda v, n: f"dinfer threshold {v:g}", lambda v, n: f"t>={v:g}",
          "dInfer's threshold decoder: every candidate with confidence >= min(threshold, best - 1e-5), "
-         "no per-step quota (docs/llada2-moe.md 6.3)",
+         "no per-step quota (docs/specs/llada2-moe.md 6.3)",
          needs_probability=True),
     Rule("sequential", "steps", _fixed, lambda cfg: cfg.total_steps,
          lambda v, n: f"sequential {plural(v, 'step')}", _steps_text,
@@ -174,7 +174,7 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          lambda v, n: f"entropy bound {v:g}", lambda v, n: f"EB<={v:g}",
          "renoising samplers (DiffusionGemma): every step resamples the whole canvas and keeps the "
          "lowest-entropy positions whose lower-ranked entropies add up to at most entropy_bound; the "
-         "rest is renoised (docs/diffusion-gemma.md 5)",
+         "rest is renoised (docs/specs/diffusion-gemma.md 5)",
          renoise=True),
     Rule("entropy_bounded", "entropy_budget", _entropy_bounded, lambda cfg: cfg.entropy_budget,
          lambda v, n: f"entropy-bounded {v:g}", lambda v, n: f"H<{v:g}",
@@ -184,29 +184,29 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("entropy_schedule", "steps", _entropy_schedule, lambda cfg: cfg.total_steps,
          lambda v, n: f"entropy schedule, {plural(v, 'step')}", lambda v, n: f"H/{v}",
          "RND1's schedule: after step t of S, floor(M t / S) of a block's M masks stay masked, the "
-         "highest-entropy ones; the others take their prediction (docs/rnd1.md 5)",
+         "highest-entropy ones; the others take their prediction (docs/specs/rnd1.md 5)",
          measure="entropy", whole_canvas=True),
     Rule("eb_gamma", "entropy_bound", _eb_gamma, lambda cfg: cfg.entropy_bound,
          lambda v, n: f"entropy bound {v:g} (RND1)", lambda v, n: f"EBg<={v:g}",
          "RND1's eb_gamma: the most probable masks whose entropies, less their largest, add up to at "
-         "most entropy_bound; whatever is left at step S (steps) takes its prediction (docs/rnd1.md 5)",
+         "most entropy_bound; whatever is left at step S (steps) takes its prediction (docs/specs/rnd1.md 5)",
          measure="logprob", whole_canvas=True, bound="entropy", fills_last_step=True, scheduled=True),
     Rule("dilated", "dilation_base", _dilated, lambda cfg: cfg.dilation_base,
          lambda v, n: f"dilated base {v}", lambda v, n: f"DUS{v}",
          "DUS: one step per level of the block's coarse-to-fine dilated order (strides block_len / "
-         "dilation_base**dilation_skip down to 1), a whole level at once; steps unused (docs/accelerators.md 6.3)",
+         "dilation_base**dilation_skip down to 1), a whole level at once; steps unused (docs/accelerators/dus.md 6.3)",
          bound="level"),
     Rule("local_leap", "leap_neighbor", _local_leap, lambda cfg: cfg.leap_neighbor,
          lambda v, n: f"local leap {v:g}", lambda v, n: f"LL{v:g}",
          "LocalLeap: the fixed schedule's most confident candidates (anchors), and every candidate within "
          "leap_radius of an anchor with confidence >= leap_anchor whose own confidence is >= leap_neighbor "
-         "(docs/accelerators.md 6.2)",
+         "(docs/accelerators/local-leap.md 6.2)",
          scheduled=True, needs_probability=True, bound="position"),
     Rule("klass", "klass_kl", _klass, lambda cfg: cfg.klass_kl,
          lambda v, n: f"klass KL < {v:g}", lambda v, n: f"KL<{v:g}",
          "KLASS: every masked candidate of the block with confidence > threshold whose KL between consecutive "
          "steps stayed < klass_kl for klass_history steps; where none, the fixed schedule's most confident "
-         "(docs/accelerators.md 6.1)",
+         "(docs/accelerators/klass.md 6.1)",
          scheduled=True, needs_probability=True, measure="prob", bound="stable"),
 ]}
 

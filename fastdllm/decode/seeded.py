@@ -1,4 +1,4 @@
-"""The seeded block decoder: Nemotron-Labs Diffusion's `generate` (docs/nemotron-diffusion.md §3).
+"""The seeded block decoder: Nemotron-Labs Diffusion's `generate` (docs/specs/nemotron-diffusion.md §3).
 Not a second engine: it plans the canvas, yields the same StepEvent / BlockEvent / Result as
 mask_loop.Batch, and chooses with the rules table (threshold: C's `threshold`; fixed: its even schedule).
 

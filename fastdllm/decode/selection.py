@@ -28,7 +28,7 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
     only kept out of the prediction (the reference loops forever when the mask is the argmax), so
     all agree with the references wherever the mask is not the argmax.
 
-    Precision (docs/ranking.md): probabilities are what a float64 softmax-then-gather gives, in
+    Precision (docs/specs/ranking.md): probabilities are what a float64 softmax-then-gather gives, in
     float64, whatever the logits' dtype. With m the row's max, softmax at a logit l is
     exp(l - m) / (1 + r), r = the sum of exp(l' - m) over every other entry: r is summed (float64
     accumulation) from one fp32-or-better buffer of exp(l' - m) whose max entry is set to 0, so a
@@ -123,13 +123,13 @@ def rest_mass(logits: torch.Tensor, peak: torch.Tensor, at: torch.Tensor, work: 
 
 def authors_dtype(model, logits: torch.Tensor) -> torch.dtype | None:
     """predict's softmax_dtype for `model`: the logits' own dtype where the family's authors take
-    their softmax in it (the model class says `authors_softmax = "logits"`, docs/ranking.md), else
+    their softmax in it (the model class says `authors_softmax = "logits"`, docs/specs/ranking.md), else
     None: a float64 softmax's numbers (LLaDA's authors upcast)."""
     return logits.dtype if getattr(model, "authors_softmax", "float64") == "logits" else None
 
 
 def tempered_log_p(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """RND1's scores (docs/rnd1.md 5): log_softmax(logits / T) at fp32 or better, T = 1 when greedy."""
+    """RND1's scores (docs/specs/rnd1.md 5): log_softmax(logits / T) at fp32 or better, T = 1 when greedy."""
     scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / (temperature if temperature > 0 else 1.0)
     return scaled - scaled.logsumexp(-1, keepdim=True)
 

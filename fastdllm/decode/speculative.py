@@ -1,4 +1,4 @@
-"""Nemotron-Labs Diffusion's causal decoders (docs/nemotron-diffusion.md §4-5), with the events and
+"""Nemotron-Labs Diffusion's causal decoders (docs/specs/nemotron-diffusion.md §4-5), with the events and
 result of mask_loop.Batch:
 
 - mode ar (`ar_generate`): one token per causal forward, its K/V kept;

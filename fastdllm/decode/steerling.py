@@ -1,4 +1,4 @@
-"""Steerling's decoder: `SteerlingGenerator.generate_full` (steerling 0.2.0, docs/steerling.md 5).
+"""Steerling's decoder: `SteerlingGenerator.generate_full` (steerling 0.2.0, docs/specs/steerling.md 5).
 Not a second engine: it yields the same StepEvent / BlockEvent / Result as mask_loop.Batch.
 
 Canvas `prompt + gen_len masks` (length L + G exactly). Decoding blocks of `diff_block_size` start

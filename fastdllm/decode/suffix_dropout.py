@@ -1,4 +1,4 @@
-"""DPad's suffix dropout (Crys-Chen/DPad, docs/accelerators.md 2): a canvas policy for long answers.
+"""DPad's suffix dropout (Crys-Chen/DPad, docs/accelerators/dpad.md 2): a canvas policy for long answers.
 
 Under bidirectional attention every step attends to the whole masked suffix after the active block.
 DPad keeps, once per block, a random part of it and drops the rest from the forward: a dropped slot
