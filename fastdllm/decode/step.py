@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .accelerators import Accelerator, Slots
+from .accelerators import Accelerator, StepSlots
 from .constraint import RowConstraints
 from .dilation import level_of
 from .graphs import SpanForward
@@ -33,7 +33,7 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     for a in accelerators:                      # slots also decided (Prophet: the answer, other masks)
         positions = a.widen(span, positions)
     pos_dev = positions.to(device, non_blocking=True)
-    slots = Slots(span, s, order, candidate, positions, pos_dev, cfg, banned, generator)
+    slots = StepSlots(span, s, order, candidate, positions, pos_dev, cfg, banned, generator)
     asked = positions
     for a in accelerators:                      # slots only read (KLASS: the next block)
         asked = a.ask(span, asked)

@@ -22,7 +22,7 @@ import torch
 
 
 @dataclass
-class Slots:
+class StepSlots:
     """One step's slots as the hooks read them: B rows, K candidate slots of the block (+ X: the
     slots a `widen` added)."""
     span: tuple                 # the canvas span the forward recomputes
@@ -60,14 +60,14 @@ class Accelerator:
         (`adjust` takes their columns off again)."""
         return asked
 
-    def adjust(self, logits: torch.Tensor, slots: Slots) -> torch.Tensor:
+    def adjust(self, logits: torch.Tensor, slots: StepSlots) -> torch.Tensor:
         """The forward's logits, (B, n, V), before any prediction reads them."""
         return logits
 
-    def bound(self, logits: torch.Tensor, slots: Slots) -> torch.Tensor | None:
+    def bound(self, logits: torch.Tensor, slots: StepSlots) -> torch.Tensor | None:
         """The rule's second number per candidate (B, K) where this method gives it (rules.Rule.bound)."""
         return None
 
-    def decide(self, tokens, conf, chosen, slots: Slots):
+    def decide(self, tokens, conf, chosen, slots: StepSlots):
         """The rule's choice (B, K) -> (tokens, conf, chosen), possibly widened to (B, K + X)."""
         return tokens, conf, chosen

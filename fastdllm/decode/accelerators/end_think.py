@@ -4,7 +4,7 @@ before each forward, one logit per row raised in place before anything reads the
 from __future__ import annotations
 
 from ..growing import Bonus, EndThinkBoost
-from . import Accelerator, Slots
+from . import Accelerator, StepSlots
 
 
 class EndThink(Accelerator):
@@ -19,5 +19,5 @@ class EndThink(Accelerator):
     def plan(self, host, span, step, nfe) -> None:
         self.bonus = self.boost.plan(host, *self.block)
 
-    def adjust(self, logits, slots: Slots):
+    def adjust(self, logits, slots: StepSlots):
         return logits if self.bonus is None else self.bonus.apply(logits, slots.positions)

@@ -5,7 +5,7 @@ each candidate's stability."""
 from __future__ import annotations
 
 from ..klass import KlassTrace
-from . import Accelerator, Slots
+from . import Accelerator, StepSlots
 
 
 class Klass(Accelerator):
@@ -19,8 +19,8 @@ class Klass(Accelerator):
     def ask(self, span, asked):
         return self.trace.widen(span, asked)        # + the next block's positions (B, L')
 
-    def adjust(self, logits, slots: Slots):
+    def adjust(self, logits, slots: StepSlots):
         return self.trace.split(logits, slots.candidate.any(1).to(logits.device))   # keeps the next block's
 
-    def bound(self, logits, slots: Slots):
+    def bound(self, logits, slots: StepSlots):
         return self.trace.stable(slots.on_device - slots.s, slots.live, logits)    # (B, K) bool

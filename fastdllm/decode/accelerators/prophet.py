@@ -5,7 +5,7 @@ and a row that passes commits every mask it has."""
 from __future__ import annotations
 
 from ..prophet import Check, Prophet
-from . import Accelerator, Slots
+from . import Accelerator, StepSlots
 
 
 class ProphetStop(Accelerator):
@@ -23,10 +23,10 @@ class ProphetStop(Accelerator):
     def widen(self, span, positions):
         return positions if self.check is None else self.check.widen(positions)   # + answer, other masks
 
-    def adjust(self, logits, slots: Slots):
+    def adjust(self, logits, slots: StepSlots):
         return logits if self.check is None else self.check.test(logits)   # the gap test; (B, K, V) decide
 
-    def decide(self, tokens, conf, chosen, slots: Slots):
+    def decide(self, tokens, conf, chosen, slots: StepSlots):
         if self.check is None:
             return tokens, conf, chosen
         cfg = slots.cfg                             # an exiting row commits every mask it has
