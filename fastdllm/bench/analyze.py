@@ -1,6 +1,6 @@
-"""`fastdllm analyze`'s numbers: one run of a model under a config, instrumented from the engine's
-own event stream (decode/engine.py's Batch; no second decode loop), plus the references it is read
-against.
+"""`fastdllm analyze`'s numbers: one run of a model under a config, instrumented from the decoder's
+own event stream (the stepper decode/engine.py picks; no second decode loop), plus the references
+it is read against.
 
 - timeline: per step the committed positions, their confidences and ranks; NFE per block, answer
   tokens per forward (and positions committed per forward);
@@ -107,7 +107,7 @@ def what_if(decoder, ids, cfg, reference, mask, rule, value) -> dict:
 
 def instrumented(decoder: Decoder, ids: list[int], cfg: DecodeConfig, reference: torch.Tensor, mask: int,
                  drift: bool) -> tuple[dict, dict | None]:
-    """Run cfg through the engine's Batch, reading each StepEvent; with `drift`, after each step's
+    """Run cfg through its stepper, reading each StepEvent; with `drift`, after each step's
     forward compare the cache with a fresh full forward. Returns (run record, drift record or None)."""
     batch = stepper(decoder, [ids], cfg)
     start = batch.canvas.starts[0]

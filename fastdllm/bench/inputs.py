@@ -41,7 +41,7 @@ def prepare(lm, cases: list[Case], prompt_set: PromptSet, chat: bool | None) -> 
         if c.batch_size > len(prompt_set.prompts):
             raise UsageError(f"--batch-size {c.batch_size} exceeds the {plural(len(prompt_set.prompts), 'prompt')}: "
                              f"raise --n-prompts")
-        # each template planned as engine.Batch plans it, so that the engine's refusals (a block-causal
+        # each template planned as the mask loop plans it, so that its refusals (a block-causal
         # model, a hole at the start on a shifted one) come now, not after the first rows
         for f in inputs[c.cfg.gen_len] if infilling else []:
             infill_canvas(lm.decoder, f.ids, f.holes, c.cfg)

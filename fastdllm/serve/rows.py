@@ -99,7 +99,7 @@ class Row:
         return self.job.prompt + self.decided
 
     def batch(self, rows: list["Row"], cfg: DecodeConfig):
-        """The engine Batch of `rows` (this one first) under cfg; an infilling row is alone, its
+        """The stepper of `rows` (this one first) under cfg; an infilling row is alone, its
         canvas the prompt, cfg.gen_len masks (its region) and the suffix."""
         from ..decode.engine import stepper
         from ..decode.renoise import row_generator

@@ -1,7 +1,7 @@
 """The batching scheduler: one worker thread owns the model and decodes the queued jobs in batches.
 
-Jobs whose settings agree (rows.batch_key) share a batch. A batch is an engine Batch over its rows'
-prompts plus what each has decoded so far; at a block boundary it may be re-planned:
+Jobs whose settings agree (rows.batch_key) share a batch. A batch is a stepper (decode/engine.py)
+over its rows' prompts plus what each has decoded so far; at a block boundary it may be re-planned:
 
 - a row that is finished (end token, stop string, its length used up) or cancelled leaves, so it
   costs nothing from the next block on;
