@@ -95,6 +95,21 @@ def test_a_few_steps_export_and_resume(tmp_path):
     assert resumed["step"] == 5 and resumed["runs"] == 2
 
 
+def test_worker_processes_draw_their_own_seeded_rows_and_train(tmp_path):
+    from fastdllm.training import batches
+    from fastdllm.training.train import prepare
+
+    corpus = toy_corpus(tmp_path / "corpus")
+    cfg = tiny_config(tmp_path, corpus, workers=2)
+    _, _, source, _ = prepare(cfg, log=lambda _: None)
+    rows = batches.stream(source, 4, workers=2, seed=7)
+    first, second = next(rows)[0], next(rows)[0]                 # one from each worker, in turn
+    source.reseed(7 * 1000 + 1)
+    assert torch.equal(second, source.batch(4)[0]) and not torch.equal(first, second)
+    state = train(cfg, log=lambda _: None)
+    assert state["step"] == 3 and torch.isfinite(torch.tensor(state["final_heldout_loss"]))
+
+
 def test_script_runs_a_few_steps(tmp_path):
     corpus = toy_corpus(tmp_path / "corpus")
     cmd = [sys.executable, str(ROOT / "scripts" / "train_tiny.py"), "--out", str(tmp_path / "o"),

@@ -19,7 +19,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from .data import autocast
+from .data import autocast, device_of
 from .mixture import PROMPTED, WEIGHTS, Mixture, MixtureSource, row_lengths
 
 
@@ -76,9 +76,11 @@ class CertaintySource(MixtureSource):
         return f"generated task rows {self.mixture.weights}, entropy weight {self.cfg.entropy_weight}"
 
     def loss(self, model, tokens: torch.Tensor, prompt: torch.Tensor, mask_id: int) -> torch.Tensor:
-        total = 0.0
+        total, device = 0.0, device_of(model)
+        tokens = tokens.to(device)
         for masked in semi_ar_masks(prompt, tokens.shape[1], self.rng):
-            with autocast():
+            masked = masked.to(device)
+            with autocast(device):
                 logits = model(torch.where(masked, mask_id, tokens)).logits
             total = total + certainty_loss(logits, tokens, masked, self.cfg.entropy_weight, self.cfg.entropy_temperature)
         return total

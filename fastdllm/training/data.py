@@ -129,22 +129,29 @@ def held_out_windows(held_stream: torch.Tensor, seq_len: int, rows: int = 32):
     return torch.stack([held_stream[s:s + seq_len] for s in starts.tolist()]), torch.zeros(rows, dtype=torch.long)
 
 
-def autocast():
-    """bf16 autocast where this CPU has bf16 kernels; fp32 elsewhere (emulated bf16 trains ~20x
-    slower than fp32 on an AVX2-only CPU: 56 against 1,268 tokens/s for the 8.9M model)."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu.bf16_native())
+def autocast(device: torch.device | str = "cpu"):
+    """bf16 autocast on a GPU, and on a CPU where it has bf16 kernels; fp32 elsewhere (emulated bf16
+    trains ~20x slower than fp32 on an AVX2-only CPU: 56 against 1,268 tokens/s for the 8.9M model)."""
+    kind = torch.device(device).type
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda" or cpu.bf16_native())
+
+
+def device_of(model) -> torch.device:
+    return model.embed.weight.device
 
 
 def forward_loss(model, noisy: torch.Tensor, tokens: torch.Tensor, weight: torch.Tensor, prompt_len: torch.Tensor):
     """weighted_loss of the masked rows, with the vocabulary head run at the weighted (masked)
     positions only (under autocast()): the same loss, without the head's matmul and log-softmax
     at the ~60% of positions whose weight is 0 (the head was a fifth of a training step)."""
+    device = device_of(model)
+    noisy, tokens, weight, prompt_len = (t.to(device, non_blocking=True) for t in (noisy, tokens, weight, prompt_len))
     where = weight > 0                                                   # (B, L)
-    with autocast():
+    with autocast(device):
         cache = model.new_cache(torch.ones_like(noisy, dtype=torch.bool), keep_kv=False)
         logits = model.head(model.hidden_states(noisy, 0, cache)[where])    # (N, V)
     ce = torch.nn.functional.cross_entropy(at_least_fp32(logits), tokens[where], reduction="none")   # (N,)
-    per_position = torch.zeros(weight.shape, dtype=ce.dtype).masked_scatter(where, ce * weight[where])
+    per_position = torch.zeros(weight.shape, dtype=ce.dtype, device=device).masked_scatter(where, ce * weight[where])
     return (per_position.sum(1) / (tokens.shape[1] - prompt_len).clamp_min(1)).mean()
 
 

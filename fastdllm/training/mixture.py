@@ -227,3 +227,4 @@ class MixtureSource:
 
     def reseed(self, seed: int) -> None:
         self.rng.seed(seed)
+        self.mixture.pending = []

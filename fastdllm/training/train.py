@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..models import LLaDAConfig, LLaDAModelLM, cpu
-from . import certainty, data, mixture, tokenizer
+from . import batches, certainty, data, mixture, tokenizer
 
 
 @dataclass
@@ -57,6 +57,8 @@ class TrainConfig:
     max_minutes: float | None = None   # stop (and save) after this much wall time in this run
     eval_every: int = 500
     threads: int | None = None
+    device: str = "cpu"              # "cuda": bf16 autocast on the GPU (batches.py's workers feed it)
+    workers: int = 0                 # processes generating rows (batches.py); 0: in this process, resumed exactly
 
 
 SOURCES = {"stdlib": data.StdlibSource, "tiny-llada": mixture.MixtureSource, "certainty": certainty.CertaintySource}
@@ -104,11 +106,12 @@ def heldout_loss(model, held: tuple[torch.Tensor, torch.Tensor], mask_id: int) -
     gen = torch.Generator().manual_seed(1234)
     t = torch.linspace(0.05, 1.0, len(tokens))
     noisy, masked, t = data.mask_batch(tokens, prompt, mask_id, gen, t=t)
+    device = data.device_of(model)
     model.eval()
-    with torch.no_grad(), data.autocast():
-        logits = model(noisy).logits
+    with torch.no_grad(), data.autocast(device):
+        logits = model(noisy.to(device)).logits
     model.train()
-    return float(data.weighted_loss(logits, tokens, masked / t[:, None], prompt))
+    return float(data.weighted_loss(logits.cpu(), tokens, masked / t[:, None], prompt))
 
 
 def lr_at(cfg: TrainConfig, step: int, run_first_step: int = 0, minutes_left: float | None = None) -> float:
@@ -130,7 +133,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         torch.set_num_threads(cfg.threads)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     tok, ids, source, held = prepare(cfg, log)
-    model = build_model(cfg, ids, tok.get_vocab_size())
+    model = build_model(cfg, ids, tok.get_vocab_size()).to(cfg.device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -138,7 +141,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     state = {"step": 0, "tokens": 0, "wall_seconds": 0.0, "runs": 0, "history": []}
     state_file = cfg.state_dir / "state.pt"
     if resume and state_file.is_file():
-        saved = torch.load(state_file, weights_only=False)
+        saved = torch.load(state_file, weights_only=False, map_location=cfg.device)
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         source.set_state(saved["generator"])
@@ -152,7 +155,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         source.reseed(cfg.seed + state["step"])
         log(f"weights (optimiser reset) from {start} at step {state['step']}")
     state["runs"] += 1
-    precision = "bf16 autocast" if cpu.bf16_native() else "fp32 (no bf16 kernels on this CPU)"
+    precision = ("bf16 autocast on " + torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else
+                 "bf16 autocast" if cpu.bf16_native() else "fp32 (no bf16 kernels on this CPU)")
     state.setdefault("precisions", []).append(precision)
     log(f"precision: {precision}")
     state.setdefault("commands", []).append(" ".join(sys.argv[1:]) or "(train() called from Python)")
@@ -166,10 +170,11 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     mask_id = ids[tokenizer.MASK]
     model.train()
     window_tokens, window_start = 0, time.perf_counter()
+    rows = batches.stream(source, cfg.batch_size, cfg.workers, cfg.seed + first_step)
     while state["step"] < cfg.total_steps and not stop["now"]:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, state["step"], first_step, minutes_left())
-        tokens, prompt = source.batch(cfg.batch_size)
+        tokens, prompt = next(rows)
         loss = source.loss(model, tokens, prompt, mask_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -214,8 +219,8 @@ def export(cfg: TrainConfig, model: LLaDAModelLM, state: dict, tok, ids: dict[st
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
     bf16 = LLaDAModelLM(model.config)
-    bf16.load_state_dict(model.state_dict())
-    bf16.to(torch.bfloat16).save_pretrained(out)
+    bf16.load_state_dict({name: t.cpu() for name, t in model.state_dict().items()})
+    bf16.to(torch.bfloat16).save_pretrained(out, max_shard_size="15MB")   # shards of <16 MiB travel anywhere
     config = json.loads((out / "config.json").read_text())
     config.pop("dtype", None)
     config["torch_dtype"] = "bfloat16"
