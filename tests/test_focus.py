@@ -14,7 +14,7 @@ import reference_focus as ref
 import reference_moe as ref_moe
 import torch
 from cli_runner import invoke
-from helpers import scheduler_answers
+from helpers import TASKS, scheduler_answers
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
@@ -187,3 +187,20 @@ def test_profile_cli_and_serve(sdar):
     got = scheduler_answers(lm.decoder, prompts, cfg)
     for name, prompt in prompts.items():
         assert got[name].ids == run(lm.decoder, [prompt], cfg).ids[0]
+
+
+@pytest.mark.slow
+def test_chat_answers_as_generate_and_eval_scores_focus_beside_the_baseline(sdar, tmp_path):
+    lm = sdar[0]
+    flags = ("-m", lm.path, "--dtype", "fp64", "-P", "focus", "-n", "32", "--block-len", "16")
+    chat = invoke("chat", *flags, input="Hello there\n/bye\n")
+    generated = invoke("generate", *flags, "--json", "Hello there")
+    assert chat.exit_code == 0 and generated.exit_code == 0, chat.stderr + generated.stderr
+    assert chat.stdout == json.loads(generated.stdout)["text"] + "\n"          # stdout holds the answer only
+    out = tmp_path / "r.json"
+    scored = invoke("eval", "-m", lm.path, "--dtype", "fp64", "--include-path", TASKS, "--tasks", "tiny_next_line",
+                    "--profiles", "baseline,focus", "--limit", "2", "--output", out)
+    assert scored.exit_code == 0, scored.stderr
+    baseline, focus = json.loads(out.read_text())
+    assert focus["profile"] == "focus" and focus["config"]["focus_alpha"] == 1.5 and focus["answers"] == 2
+    assert 0 < focus["nfe_per_answer"] < baseline["nfe_per_answer"]
