@@ -15,8 +15,8 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from .attention import BIDIRECTIONAL, Attention
-from .kv_cache import CanvasCache, Slots
-from .layers import RMSNorm, keep_4bit_portable, linear, pack_linear, rotary_tables
+from .kv_cache import CanvasCache, Slots, Span
+from .layers import RMSNorm, keep_4bit_portable, linear, pack_linear, rotary_tables, take_rows
 from .moe import Router
 
 
@@ -125,10 +125,15 @@ class DiffusionLM(PreTrainedModel):
         else:
             positions = cache.positions[:, start:start + ids.shape[1]].to(x.device)
             key_mask = cache.mask_for(x.device, start, start + ids.shape[1])
-        cos, sin = rotary_tables(positions, self.rotary_dim or self.head_dim, self.rope_theta, x.dtype)
+        span = Span(cache, start, *rotary_tables(positions, self.rotary_dim or self.head_dim, self.rope_theta, x.dtype),
+                    key_mask)
         last = len(self.blocks) - 1
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, key_mask, cache, layer, start, rows if layer == last else None)
+            wanted = rows if layer == last else None
+            if cache.features is None:
+                x = block(x, span, layer, wanted)
+            else:     # dLLM-Cache: each layer by its refresh schedule (feature_cache.py; feature_cache families)
+                x = take_rows(cache.features.layer(block, x, span, layer), wanted)
         return self.final_norm(x)
 
     def prepare_for_inference(self, pack: bool = True) -> None:

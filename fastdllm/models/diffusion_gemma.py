@@ -25,7 +25,7 @@ from .gemma_layers import (
     inv_frequencies,
     rope_tables,
 )
-from .kv_cache import CanvasCache
+from .kv_cache import CanvasCache, Span
 
 # the text_config keys the forward reads, with transformers' DiffusionGemmaTextConfig defaults
 TEXT_KEYS = dict(vocab_size=262_144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30,
@@ -211,13 +211,11 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     def _layers(self, x: torch.Tensor, start: int, cache: CanvasCache, scalars, *, causal: bool) -> torch.Tensor:
         S = x.shape[1]
         positions = cache.positions[:, start:start + S].to(x.device)
-        tables = {kind: rope_tables(positions, self.inv_freq[kind], x.dtype)
-                  for kind in self.config.rope_parameters}
-        masks = {kind: self._mask(cache, start, S, sliding=kind == "sliding_attention", causal=causal, device=x.device)
-                 for kind in self.config.rope_parameters}
+        spans = {kind: Span(cache, start, *rope_tables(positions, self.inv_freq[kind], x.dtype),
+                            self._mask(cache, start, S, sliding=kind == "sliding_attention", causal=causal, device=x.device))
+                 for kind in self.config.rope_parameters}     # one per layer kind: its RoPE and its window
         for i, (layer, scalar) in enumerate(zip(self.blocks, scalars)):
-            kind = self.config.layer_types[i]
-            x = layer(x, *tables[kind], masks[kind], cache, i, start, scalar)
+            x = layer(x, spans[self.config.layer_types[i]], i, scalar)
         return x
 
     def _mask(self, cache: CanvasCache, start: int, S: int, *, sliding: bool, causal: bool, device) -> torch.Tensor:

@@ -22,10 +22,12 @@ position set, storing its K/V), `ffn` (norm + MLP) and `values` (V alone); LLaDA
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import CanvasCache, Slots
+from .kv_cache import CanvasCache, Slots, Span
 
 
 class FeatureCache:
@@ -44,9 +46,8 @@ class FeatureCache:
         n = self.step - 1
         return (layer == 0 or n % self.prompt_interval == 0), (layer == 0 or n % self.gen_interval == 0)
 
-    def layer(self, block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask, cache: CanvasCache,
-              layer: int) -> torch.Tensor:
-        """x (B, T, d) the layer's input over the whole canvas -> its output (B, T, d)."""
+    def layer(self, block, x: torch.Tensor, span: Span, layer: int) -> torch.Tensor:
+        """x (B, T, d) the layer's input over the whole canvas (`span` covers it) -> its output (B, T, d)."""
         if layer == 0:
             self.step += 1
         B, T, _ = x.shape
@@ -57,14 +58,14 @@ class FeatureCache:
         if prompt and response:                                      # the whole layer
             if self.trace is not None:
                 self.trace.append((self.step, layer, True, True, None))
-            attn = self.attn[layer] = block.attend(h, cos, sin, key_mask, cache, layer, 0)
+            attn = self.attn[layer] = block.attend(h, span, layer)
             x = x + attn
             return x + self.keep(self.ffn, layer, block.ffn(x))
         parts = [torch.arange(P, device=x.device).expand(B, P)] if prompt else []
         if response:
             parts.append(torch.arange(P, T, device=x.device).expand(B, T - P))
         elif self.transfer_ratio > 0:
-            picked = self.pick(block, h, cache, layer)               # (B, n) canvas slots
+            picked = self.pick(block, h, span.cache, layer)          # (B, n) canvas slots
             parts.append(picked)
         if self.trace is not None:
             self.trace.append((self.step, layer, prompt, response, None if picked is None else picked.tolist()))
@@ -73,8 +74,9 @@ class FeatureCache:
             at = slots[..., None]
             rows = lambda t: t.gather(1, at.expand(-1, -1, t.shape[-1]))   # noqa: E731  (B, S, ...)
             shape = lambda t: t.gather(1, at[..., None].expand(-1, -1, *t.shape[2:]))   # noqa: E731  cos/sin
-            fresh = block.attend(rows(h), shape(cos), shape(sin), key_mask, cache, layer,
-                                 Slots(slots, torch.ones_like(slots, dtype=torch.bool)))
+            at_slots = replace(span, start=Slots(slots, torch.ones_like(slots, dtype=torch.bool)),
+                               cos=shape(span.cos), sin=shape(span.sin))
+            fresh = block.attend(rows(h), at_slots, layer)
             self.attn[layer].scatter_(1, at.expand(-1, -1, x.shape[-1]), fresh)
         x = x + self.attn[layer]
         if slots is not None and slots.shape[1]:

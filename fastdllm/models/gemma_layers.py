@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import CanvasCache
+from .kv_cache import Span
 from .layers import linear
 from .moe import SwiGLU, run_experts
 
@@ -77,14 +77,15 @@ class GemmaAttention(nn.Module):
         self.k_norm = GemmaRMSNorm(head_dim, eps)
         self.v_norm = GemmaRMSNorm(head_dim, eps, with_scale=False)
 
-    def forward(self, x, cos, sin, mask, cache: CanvasCache, layer: int, start: int) -> torch.Tensor:
+    def forward(self, x, span: Span, layer: int) -> torch.Tensor:
         B, S, _ = x.shape
+        cos, sin = span.cos, span.sin
         q = rotate(self.q_norm(linear(x, self.q_proj).view(B, S, self.n_heads, self.head_dim)), cos, sin)
         k = linear(x, self.k_proj).view(B, S, self.n_kv_heads, self.head_dim)
         v = linear(x, self.v_proj).view_as(k) if hasattr(self, "v_proj") else k
         k, v = rotate(self.k_norm(k), cos, sin), self.v_norm(v)
-        keys, values = cache.store(layer, start, k.transpose(1, 2), v.transpose(1, 2))      # (B, H_kv, T, D)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=1.0,
+        keys, values = span.cache.store(layer, span.start, k.transpose(1, 2), v.transpose(1, 2))   # (B, H_kv, T, D)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=span.key_mask, scale=1.0,
                                              enable_gqa=self.n_kv_heads != self.n_heads)
         return linear(out.transpose(1, 2).reshape(B, S, -1), self.o_proj)
 
@@ -164,8 +165,8 @@ class GemmaLayer(nn.Module):
     def fuse(self) -> None:
         """Kept as published: every matmul reads its own weight (inference needs no other layout)."""
 
-    def forward(self, x, cos, sin, mask, cache, layer, start, scalar: torch.Tensor) -> torch.Tensor:
-        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, start))
+    def forward(self, x, span: Span, layer: int, scalar: torch.Tensor) -> torch.Tensor:
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), span, layer))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(h)))
         flat = h.reshape(-1, h.shape[-1])
         weights, chosen = self.router(flat)

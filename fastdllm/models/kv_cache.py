@@ -1,4 +1,5 @@
-"""The canvas KV cache: per layer, one static key/value buffer as long as the whole canvas.
+"""The canvas KV cache: per layer, one static key/value buffer as long as the whole canvas; and
+`Span`, what every layer of one forward over part of that canvas shares.
 
 A forward over a span [a, b) writes its fresh keys/values into [a, b) and attends to the whole
 buffer. Cache modes are then only a choice of span (see engine.py); nothing is ever copied or
@@ -107,3 +108,16 @@ class CanvasCache:
         if self.keys is None:
             return features
         return features + sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+@dataclass
+class Span:
+    """One forward's view of the canvas, the same for every layer (built once per forward by the
+    family's forward, models/base.py): where the span lies (`start`, or the slots of a position
+    set), its RoPE tables, which keys its queries may see, and the cache its keys/values go to."""
+    cache: CanvasCache
+    start: int | Slots
+    cos: torch.Tensor                       # (B, S, 1, D) RoPE tables of the span's positions
+    sin: torch.Tensor
+    key_mask: torch.Tensor | None           # (B, 1, 1 or S, T) bool; None: every key
+    q_scale: torch.Tensor | None = None     # (B, S) a factor per query after RoPE (Nemotron-Labs Diffusion)

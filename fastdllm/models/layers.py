@@ -4,11 +4,13 @@ names); the arithmetic lives here once."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import CanvasCache
+from .kv_cache import Span
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -133,31 +135,30 @@ def project_values(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
 
 
 def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module,
-                   o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, head_dim: int,
-                   cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None,
-                   cache: CanvasCache, layer: int, start: int, rows: torch.Tensor | None = None,
-                   q_norm: nn.Module | None = None, k_norm: nn.Module | None = None,
-                   qkv_sizes: list[int] | None = None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of the span x (B, S, d) at canvas offset `start` to the whole canvas, under
-    `key_mask` (B, 1, 1 or S, T): padding, and for block-causal families the block structure.
+                   o_proj: nn.Module, *, n_heads: int, n_kv_heads: int, head_dim: int, span: Span, layer: int,
+                   rows: torch.Tensor | None = None, q_norm: nn.Module | None = None,
+                   k_norm: nn.Module | None = None, qkv_sizes: list[int] | None = None) -> torch.Tensor:
+    """Attention of the span x (B, S, d) at `span.start` to the whole canvas, under `span.key_mask`
+    (B, 1, 1 or S, T): padding, and for block-causal families the block structure.
     Every span position's keys/values are stored; outputs are computed for `rows` (B, K) only
     when given (the last layer: only positions whose logits are wanted need an output).
     q_norm / k_norm: Qwen3's per-head RMSNorm, applied before RoPE. `qkv_sizes`: the checkpoint
     stores q/k/v as one matrix (LLaDA2's query_key_value, passed as q_proj) of these row counts.
-    `q_scale` (B, S): a factor per query after RoPE (Nemotron-Labs Diffusion's Llama-4 scaling)."""
+    `span.q_scale` (B, S): a factor per query after RoPE (Nemotron-Labs Diffusion's Llama-4 scaling)."""
     B, S, _ = x.shape
+    cache, key_mask = span.cache, span.key_mask
     q, k, v = linear(x, q_proj).split(qkv_sizes, -1) if qkv_sizes else project(x, q_proj, k_proj, v_proj)
     qk = torch.cat([q, k], -1).view(B, S, n_heads + n_kv_heads, head_dim)
     if q_norm is not None:
         qk = torch.cat([q_norm(qk[:, :, :n_heads]), k_norm(qk[:, :, n_heads:])], 2)
-    qk = apply_rotary(qk, cos, sin)                                    # one rotation for q and k
+    qk = apply_rotary(qk, span.cos, span.sin)                          # one rotation for q and k
     q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)   # (B, H, S, D), (B, H_kv, S, D)
-    if q_scale is not None:
-        q = q * q_scale[:, None, :, None].to(q.dtype)
+    if span.q_scale is not None:
+        q = q * span.q_scale[:, None, :, None].to(q.dtype)
     if cache.tap is not None:                                          # FOCUS reads layers 0 and 1's q/k
         cache.tap(layer, q, k)
     v = v.reshape(B, S, n_kv_heads, head_dim).transpose(1, 2)
-    keys, values = cache.store(layer, start, k, v)                    # (B, H_kv, T, D)
+    keys, values = cache.store(layer, span.start, k, v)               # (B, H_kv, T, D)
     if rows is not None:
         q = q.gather(2, rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
         if key_mask is not None and key_mask.shape[2] > 1:             # a mask per query: keep the rows'
@@ -165,6 +166,18 @@ def self_attention(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
         S = rows.shape[1]
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask, enable_gqa=n_kv_heads != n_heads)
     return linear(out.transpose(1, 2).reshape(B, S, n_heads * head_dim), o_proj)
+
+
+def loose_span_args(forward):
+    """Transitional, for callers not switched to `Span` yet (decode/focus.py): a block forward
+    called as (x, cos, sin, key_mask, cache, layer, start, rows...) gets (x, Span, layer, rows...)."""
+    @functools.wraps(forward)
+    def wrapper(self, x, *args, **kwargs):
+        if args and not isinstance(args[0], Span):
+            cos, sin, key_mask, cache, layer, start, *rest = args
+            return forward(self, x, Span(cache, start, cos, sin, key_mask), layer, *rest, **kwargs)
+        return forward(self, x, *args, **kwargs)
+    return wrapper
 
 
 def take_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

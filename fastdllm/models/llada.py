@@ -8,6 +8,7 @@ from transformers import PretrainedConfig
 
 from .base import DiffusionLM
 from .config_guard import Switch
+from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears, project_values, self_attention, swiglu, take_rows
 
 
@@ -80,17 +81,14 @@ class LLaDABlock(nn.Module):
         fuse_linears(self.q_proj, self.k_proj, self.v_proj)
         fuse_linears(self.ff_proj, self.up_proj)
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        if cache.features is not None:     # dLLM-Cache: the layer by its refresh schedule (feature_cache.py)
-            return take_rows(cache.features.layer(self, x, cos, sin, key_mask, cache, layer), rows)
-        x = take_rows(x, rows) + self.attend(self.attn_norm(x), cos, sin, key_mask, cache, layer, start, rows)
+    def forward(self, x, span: Span, layer: int, rows=None):
+        x = take_rows(x, rows) + self.attend(self.attn_norm(x), span, layer, rows)
         return x + self.ffn(x)
 
-    def attend(self, h, cos, sin, key_mask, cache, layer: int, start, rows=None):
+    def attend(self, h, span: Span, layer: int, rows=None):
         """Self-attention of the normed span (or position set) h, its K/V stored in the cache."""
         return self_attention(h, self.q_proj, self.k_proj, self.v_proj, self.attn_out, n_heads=self.n_heads,
-                              n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
-                              key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows)
+                              n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, span=span, layer=layer, rows=rows)
 
     def ffn(self, x):
         return swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)

@@ -21,7 +21,8 @@ from transformers import PretrainedConfig
 from .attention import Attention
 from .base import DecoderStack
 from .config_guard import Switch
-from .layers import RMSNorm, self_attention, take_rows
+from .kv_cache import Span
+from .layers import RMSNorm, loose_span_args, self_attention, take_rows
 from .moe import Routing, SparseMoE, SwiGLU
 
 # config.json keys and the configuration class's defaults (used only where a config omits a key)
@@ -118,9 +119,9 @@ class LLaDA2Attention(nn.Module):
         super().__init__()
         H, KV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, (H + 2 * KV) * hd, bias=cfg.use_qkv_bias)
-        if cfg.use_qk_norm is not False:           # absent from the published configs: on
-            self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
-            self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+        qk_norm = cfg.use_qk_norm is not False     # absent from the published configs: on
+        self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps) if qk_norm else None
+        self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps) if qk_norm else None
         self.dense = nn.Linear(H * hd, cfg.hidden_size, bias=cfg.use_bias)
 
 
@@ -143,16 +144,16 @@ class LLaDA2DecoderLayer(nn.Module):
     def fuse(self) -> None:
         self.mlp.fuse()                             # q/k/v are one matrix in the checkpoint already
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+    @loose_span_args
+    def forward(self, x, span: Span, layer: int, rows=None):
         a = self.attention
         blocks, wanted = None, rows
         if self.routing_block:             # a block's experts depend on all its tokens: no row subset
-            blocks, rows = routing_blocks(cache, start, x.shape[1], self.routing_block), None
+            blocks, rows = routing_blocks(span.cache, span.start, x.shape[1], self.routing_block), None
         x = take_rows(x, rows) + self_attention(
             self.input_layernorm(x), a.query_key_value, None, None, a.dense, qkv_sizes=self.qkv_sizes,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin,
-            key_mask=key_mask, cache=cache, layer=layer, start=start, rows=rows,
-            q_norm=getattr(a, "query_layernorm", None), k_norm=getattr(a, "key_layernorm", None))
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, span=span, layer=layer,
+            rows=rows, q_norm=a.query_layernorm, k_norm=a.key_layernorm)
         h = self.post_attention_layernorm(x)
         x = x + (self.mlp(h) if blocks is None else self.mlp(h, blocks))
         return x if wanted is None or rows is not None else take_rows(x, wanted)

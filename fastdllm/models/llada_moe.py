@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from .base import DecoderStack
 from .config_guard import Switch
+from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears
 from .moe import Routing, SparseMoE, SwiGLU
 from .qwen import attention_residual
@@ -87,9 +88,8 @@ class LLaDAMoEAttention(nn.Module):
         self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=bias)
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=bias)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=bias)
-        if cfg.qk_layernorm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_layernorm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_layernorm else None
 
 
 class LLaDAMoEDecoderLayer(nn.Module):
@@ -113,8 +113,8 @@ class LLaDAMoEDecoderLayer(nn.Module):
         if hasattr(self, "shared_expert"):
             self.shared_expert.fuse()
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
+    def forward(self, x, span: Span, layer: int, rows=None):
+        x = attention_residual(self, x, span, layer, rows)
         m = self.post_attention_layernorm(x)
         y = self.mlp(m)
         if hasattr(self, "shared_expert"):

@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 from .attention import Attention
 from .base import DiffusionLM
 from .config_guard import Switch
-from .kv_cache import CanvasCache, Slots
+from .kv_cache import CanvasCache, Slots, Span
 from .layers import RMSNorm, at_least_fp32, linear, self_attention, swiglu, take_rows
 from .qwen import QwenDecoderLayer
 
@@ -95,13 +95,12 @@ class NemotronLayer(QwenDecoderLayer):
     def __init__(self, cfg):
         super().__init__(cfg, bias=False, qk_norm=False)
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None, q_scale=None, lora=None):
+    def forward(self, x, span: Span, layer: int, rows=None, lora=None):
         a = self.self_attn
         o_proj = a.o_proj if lora is None else LoRA(a.o_proj, *lora)
         x = take_rows(x, rows) + self_attention(
             self.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj, o_proj, n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, cos=cos, sin=sin, key_mask=key_mask, cache=cache,
-            layer=layer, start=start, rows=rows, q_scale=q_scale)
+            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, span=span, layer=layer, rows=rows)
         m = self.mlp
         return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
 
@@ -217,11 +216,10 @@ class NemotronLabsDiffusionModel(DiffusionLM):
         q_scale = None
         if self.q_beta is not None:      # 1 + beta ln(1 + floor(p / L0)), exactly 1 below L0
             q_scale = 1 + self.q_beta * torch.log1p(torch.floor(positions.to(dt) / self.q_original))
-        key_mask = self._mask(cache, start, S, causal, x.device)
+        span = Span(cache, start, cos, sin, self._mask(cache, start, S, causal, x.device), q_scale)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, key_mask, cache, i, start, rows if i == last else None, q_scale,
-                      None if lora is None else lora[i])
+            x = block(x, span, i, rows if i == last else None, None if lora is None else lora[i])
         return self.final_norm(x)
 
     @staticmethod

@@ -13,7 +13,8 @@ from transformers import PretrainedConfig
 
 from .base import DecoderStack
 from .config_guard import Switch
-from .layers import RMSNorm, fuse_linears, project_values, self_attention, swiglu, take_rows
+from .kv_cache import Span
+from .layers import RMSNorm, fuse_linears, loose_span_args, project_values, self_attention, swiglu, take_rows
 
 QWEN_KEYS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=None, head_dim=None, hidden_act="silu",
@@ -66,9 +67,8 @@ class QwenAttention(nn.Module):
         self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=bias)
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=bias)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
-        if qk_norm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if qk_norm else None      # Qwen3's per-head norms
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if qk_norm else None
 
 
 class QwenMLP(nn.Module):
@@ -92,10 +92,9 @@ class QwenDecoderLayer(nn.Module):
         fuse_linears(self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj)
         fuse_linears(self.mlp.gate_proj, self.mlp.up_proj)
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        if cache.features is not None:     # dLLM-Cache (Dream): the layer by its refresh schedule (feature_cache.py)
-            return take_rows(cache.features.layer(self, x, cos, sin, key_mask, cache, layer), rows)
-        x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
+    @loose_span_args
+    def forward(self, x, span: Span, layer: int, rows=None):
+        x = attention_residual(self, x, span, layer, rows)
         return x + self.ffn(x)
 
     # dLLM-Cache's view of the layer (models/feature_cache.py)
@@ -103,8 +102,8 @@ class QwenDecoderLayer(nn.Module):
     def attn_norm(self) -> RMSNorm:
         return self.input_layernorm
 
-    def attend(self, h, cos, sin, key_mask, cache, layer: int, start, rows=None):
-        return attend(self, h, cos, sin, key_mask, cache, layer, start, rows)
+    def attend(self, h, span: Span, layer: int, rows=None):
+        return attend(self, h, span, layer, rows)
 
     def ffn(self, x):
         m = self.mlp
@@ -115,19 +114,18 @@ class QwenDecoderLayer(nn.Module):
         return project_values(h, a.q_proj, a.k_proj, a.v_proj)
 
 
-def attention_residual(block: nn.Module, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
+def attention_residual(block: nn.Module, x, span: Span, layer: int, rows=None):
     """x + attention(input_layernorm(x)) of a Qwen-style layer, at `rows` only when given."""
-    return take_rows(x, rows) + attend(block, block.input_layernorm(x), cos, sin, key_mask, cache, layer, start, rows)
+    return take_rows(x, rows) + attend(block, block.input_layernorm(x), span, layer, rows)
 
 
-def attend(block: nn.Module, h, cos, sin, key_mask, cache, layer: int, start, rows=None):
+def attend(block: nn.Module, h, span: Span, layer: int, rows=None):
     """Self-attention of the normed span h of a Qwen-style layer (`self_attn.{q,k,v,o}_proj`, q/k
     norms where present; its n_heads, n_kv_heads, head_dim), its K/V stored in the cache."""
     a = block.self_attn
     return self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, n_heads=block.n_heads,
-                          n_kv_heads=block.n_kv_heads, head_dim=block.head_dim, cos=cos, sin=sin, key_mask=key_mask,
-                          cache=cache, layer=layer, start=start, rows=rows,
-                          q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
+                          n_kv_heads=block.n_kv_heads, head_dim=block.head_dim, span=span, layer=layer, rows=rows,
+                          q_norm=a.q_norm, k_norm=a.k_norm)
 
 
 class QwenLM(DecoderStack):

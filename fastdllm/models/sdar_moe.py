@@ -13,7 +13,8 @@ from typing import ClassVar
 from torch import nn
 
 from .base import DecoderStack
-from .layers import RMSNorm, fuse_linears
+from .kv_cache import Span
+from .layers import RMSNorm, fuse_linears, loose_span_args
 from .moe import Routing, SparseMoE, SwiGLU
 from .qwen import QwenAttention, attention_residual, head_dim_of
 from .sdar import SDARConfig, SDARForCausalLM
@@ -77,8 +78,9 @@ class SDARMoeDecoderLayer(nn.Module):
         fuse_linears(self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj)
         self.mlp.fuse()
 
-    def forward(self, x, cos, sin, key_mask, cache, layer: int, start: int, rows=None):
-        x = attention_residual(self, x, cos, sin, key_mask, cache, layer, start, rows)
+    @loose_span_args
+    def forward(self, x, span: Span, layer: int, rows=None):
+        x = attention_residual(self, x, span, layer, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
