@@ -62,7 +62,7 @@ def constraint_of(response_format: Any, extension: dict | None, server, stop: tu
     if stop:
         raise ApiError(400, f"stop: not combined with {param} (a stop string would cut the answer's sentence)",
                        param="stop")
-    sampler = getattr(server.lm.model, "sampler", "mask")
+    sampler = server.lm.model.sampler
     if sampler == "renoise":
         raise ApiError(400, f"{param}: {server.model_name} rewrites every position every step, so no prefix "
                             f"stays for a grammar to check", param=param)

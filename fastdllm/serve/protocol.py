@@ -47,7 +47,7 @@ def prepare_chat(body: Any, server: Server) -> Prepared:
         call = tools.grammar(lm.tokenizer) if tools else None           # required / named: one call, its arguments checked
         return prepare(req, server, ids, chat_limit(req), "messages", tools=tools,
                        response_format=req.response_format, grammar=call)
-    if why := getattr(lm.model, "plain_chat_refusal", None):        # a family whose answers need its template
+    if why := lm.model.plain_chat_refusal:        # a family whose answers need its template
         raise ApiError(400, f"messages: {why}", param="messages")
     # as `fastdllm chat` does for such models: a plain 'User: / Assistant:' transcript
     system = "\n".join(m["content"] for m in messages if m["role"] == "system") or None
@@ -119,7 +119,7 @@ def infill_suffix(suffix: Any, server: Server) -> list[int] | None:
         return None
     if not isinstance(suffix, str):
         raise ApiError(400, "suffix: expected a string", param="suffix")
-    if server.lm.model.attention.kind != "bidirectional":
+    if not server.lm.model.attention.bidirectional:
         raise ApiError(400, f"suffix: {server.model_name} cannot fill holes: its attention is causal between "
                             f"blocks, so what it writes never sees the suffix", param="suffix")
     ids = server.lm.encode(suffix, chat=False)
@@ -224,7 +224,7 @@ def decode_config(req: CommonRequest, server: Server, max_tokens: int | None, pr
     block = parsed.get("block_len", base.block_len)
     wanted = max_tokens or base.gen_len
     canvas = block_end(wanted, block)
-    causal = server.lm.model.attention.kind == "block-causal"
+    causal = server.lm.model.attention.causal
     if not fits([prompt_len], [canvas], block, causal, server.lm.context_length, suffix=suffix_len):
         needed = length([prompt_len], [canvas], block, causal) + suffix_len
         suffix = f", the suffix ({suffix_len} tokens)" if suffix_len else ""
