@@ -216,3 +216,19 @@ def test_echo_rows_repeat_a_training_prompt_verbatim():
     for _ in range(40):
         prompt, answer = mixture.texts(rng, "echo", [])
         assert prompt == answer + "\nSay it again:\n" and len(answer) > 20
+
+
+def test_flat_loss_weighs_every_masked_token_one(monkeypatch):
+    from types import SimpleNamespace
+
+    seen = {}
+    monkeypatch.setattr(mixture.data, "forward_loss", lambda model, noisy, tokens, weight, prompt: seen.update(
+        noisy=noisy, weight=weight))
+    source = mixture.MixtureSource.__new__(mixture.MixtureSource)
+    tokens, prompt = torch.randint(10, 50, (6, 40)), torch.tensor([5, 9, 0, 12, 3, 20])
+    for kind, values in (("flat", {0.0, 1.0}), ("elbo", None)):
+        source.cfg, source.rng = SimpleNamespace(block_share=0.5, loss_weight=kind), random.Random(2)
+        source.loss(None, tokens, prompt, mask_id=2)
+        masked = seen["noisy"] == 2
+        assert torch.equal(seen["weight"] > 0, masked)
+        assert set(seen["weight"].unique().tolist()) == values if values else bool((seen["weight"][masked] >= 1).all())

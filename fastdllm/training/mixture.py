@@ -208,7 +208,9 @@ class MixtureSource:
         return self.mixture.batch(size, self.rng)
 
     def loss(self, model, tokens, prompt, mask_id: int):
-        noisy, _, weight = block_mask_batch(tokens, prompt, mask_id, self.rng, self.cfg.block_share)
+        noisy, masked, weight = block_mask_batch(tokens, prompt, mask_id, self.rng, self.cfg.block_share)
+        if self.cfg.loss_weight == "flat":              # every masked token weighs 1 (train.py says why)
+            weight = masked.float()
         return data.forward_loss(model, noisy, tokens, weight, prompt)
 
     def held_out(self, held_stream: torch.Tensor):
