@@ -6,14 +6,11 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 import torch
 
 from .config import DecodeConfig
-
-if TYPE_CHECKING:
-    from .stepper import Stepper
 
 
 @dataclass(frozen=True)
@@ -135,30 +132,6 @@ class Result:
 Event = Union[StepEvent, BlockEvent, Result]
 
 
-def finish_result(batch: Stepper, answers: list[list[int]], region: torch.Tensor, holes=None, steps=None) -> Result:
-    """The Result of a finished stepper (stepper.Stepper: the attributes it declares): its answers
-    and region, counters, timings, memory."""
-    canvas = batch.canvas
-    in_holes = sum(e - s for s, e in canvas.holes or ())      # infilling: the row's masks are no prompt
-    peak, kind = _peak_memory(batch.decoder.device)
-    return Result(
-        ids=answers, texts=[batch.decoder.detokenize(a) for a in answers],
-        canvas=region, prompt_tokens=[len(p) - in_holes for p in batch.prompts], nfe=batch.nfe,
-        committed=batch.committed, edits=batch.edits, blocks_decoded=batch.blocks_done,
-        early_stopped=batch.blocks_done < len(canvas.blocks), seconds_first_step=batch.first_step or 0.0,
-        seconds_total=time.perf_counter() - batch.started, peak_memory_bytes=peak, peak_memory_kind=kind,
-        cache_bytes=batch.cache.nbytes, config=batch.cfg, batch=len(batch.prompts), holes=holes, steps=steps)
-
-
-def plain_result(batch: Stepper, region: torch.Tensor, steps=None) -> Result:
-    """finish_result for a stepper whose answers are its region's tokens before the first end token
-    (renoise, seeded, speculative, InDel)."""
-    specials = batch.decoder.specials
-    stops = torch.tensor(specials.stops)
-    answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, batch.gen_lens)]
-    return finish_result(batch, answers, region, steps=steps)
-
-
 def answer_ids(row: torch.Tensor, stops: torch.Tensor, mask: int) -> list[int]:
     """Tokens before the first end token (or before the first undecoded position)."""
     end = torch.isin(row, stops) | (row == mask)
@@ -171,7 +144,7 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_memory(device: torch.device) -> tuple[int, str]:
+def peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"

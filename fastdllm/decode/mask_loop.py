@@ -33,7 +33,7 @@ from .credit import CreditTrace
 from .decoder import Decoder
 from .device_step import DeviceStep
 from .editing import BlockRows, refuse_editing, refuse_partial_routing
-from .events import BlockEvent, Result, StepEvent, answer_ids, finish_result
+from .events import BlockEvent, Result, StepEvent, answer_ids
 from .focus import Focus
 from .graphs import SpanForward
 from .growing import EndThinkBoost, GrowingCanvas
@@ -198,7 +198,7 @@ class Batch(Stepper):
         else:
             holes = None
             answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
-        result = finish_result(self, answers, region, holes=holes)
+        result = self.finish(answers, region, holes=holes)
         if self.constraint is not None:
             result.complete, result.matcher_seconds = self.constraint.complete(answers), self.constraint.seconds
             result.constraint_errors = list(self.constraint.errors)

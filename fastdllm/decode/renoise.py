@@ -26,7 +26,7 @@ from ..errors import UserError
 from .canvas import answer_ended
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, plain_result
+from .events import BlockEvent, Result, StepEvent
 from .rules import RULES
 from .selection import select
 from .stepper import Stepper
@@ -130,7 +130,7 @@ class RenoiseBatch(Stepper):
         return torch.randint(0, self.vocab, (n,), generator=self.generators[row], device=self.decoder.device)
 
     def result(self) -> Result:
-        return plain_result(self, self.generated(), steps=self.steps)
+        return super().result(steps=self.steps)
 
 
 def row_generator(device: torch.device, seed: int) -> torch.Generator:

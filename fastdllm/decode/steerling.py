@@ -28,7 +28,7 @@ from ..errors import UserError
 from .canvas import Canvas
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, finish_result
+from .events import BlockEvent, Result, StepEvent
 from .selection import block_schedule
 from .stepper import Stepper
 
@@ -183,7 +183,7 @@ class SteerlingBatch(Stepper):
                 if t not in (specials.mask, self.eos):
                     answer.append(t)
             answers.append(answer)
-        return finish_result(self, answers, region)
+        return self.finish(answers, region)
 
 
 class _Bytes:

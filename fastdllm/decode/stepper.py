@@ -1,6 +1,6 @@
 """What every stepper shares (the mask loop, mask_loop.Batch, and the samplers of other families:
 renoise, seeded, speculative, InDel, Steerling): its inputs, its counters, its clock, and the
-interface events.finish_result reads. A stepper's `events()` yields StepEvent / BlockEvent; its
+Result it finishes with (`finish`). A stepper's `events()` yields StepEvent / BlockEvent; its
 `result()` is the Result after them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from .canvas import Canvas, generated, plan
 from .config import DecodeConfig
 from .decoder import Decoder
-from .events import BlockEvent, Result, StepEvent, plain_result, reset_peak_memory
+from .events import BlockEvent, Result, StepEvent, answer_ids, peak_memory, reset_peak_memory
 
 
 class Stepper:
@@ -60,6 +60,23 @@ class Stepper:
         """(B, width): each row's generated region so far, from its first generated position."""
         return generated(self.canvas, self.decoder.specials.mask)
 
-    def result(self) -> Result:
-        """Each row's answer: its region's tokens before the first end token."""
-        return plain_result(self, self.generated())
+    def result(self, steps=None) -> Result:
+        """Each row's answer: its region's tokens before the first end token (renoise, seeded,
+        speculative, InDel; `steps`: a renoising sampler's record of its steps)."""
+        region, specials = self.generated(), self.decoder.specials
+        stops = torch.tensor(specials.stops)
+        answers = [answer_ids(row[:g], stops, specials.mask) for row, g in zip(region, self.gen_lens)]
+        return self.finish(answers, region, steps=steps)
+
+    def finish(self, answers: list[list[int]], region: torch.Tensor, holes=None, steps=None) -> Result:
+        """The Result of this finished stepper: its answers and region, counters, timings, memory."""
+        canvas = self.canvas
+        in_holes = sum(e - s for s, e in canvas.holes or ())      # infilling: the row's masks are no prompt
+        peak, kind = peak_memory(self.decoder.device)
+        return Result(
+            ids=answers, texts=[self.decoder.detokenize(a) for a in answers],
+            canvas=region, prompt_tokens=[len(p) - in_holes for p in self.prompts], nfe=self.nfe,
+            committed=self.committed, edits=self.edits, blocks_decoded=self.blocks_done,
+            early_stopped=self.blocks_done < len(canvas.blocks), seconds_first_step=self.first_step or 0.0,
+            seconds_total=time.perf_counter() - self.started, peak_memory_bytes=peak, peak_memory_kind=kind,
+            cache_bytes=self.cache.nbytes, config=self.cfg, batch=len(self.prompts), holes=holes, steps=steps)
