@@ -35,7 +35,7 @@ class TrainConfig:
     entropy_temperature: float = 0.5
     block_share: float = 0.5         # tiny-llada: rows masked as block-wise decoding meets them
     loss_weight: str = "elbo"        # tiny-llada: "elbo" (1/t per masked token, LLaDA's loss) or "flat" (1 each:
-                                     # a d128 2-layer model copied 16 random tokens at 16% after 400 steps, 2% with 1/t)
+                                     # scripts/copy_task.py: a d128 2-layer model copies 16 random tokens at 0.13 after 400 steps, 0.02 with 1/t)
     row_lengths: str = "0:0.85,256:0.1,512:0.05"   # tiny-llada: row length (0: tight):share of batches
     decay_minutes: float | None = None   # constant lr, then linear decay over a run's last minutes
     gen_len: int | None = None       # generation_config's default generation length (seq_len // 2)
