@@ -232,3 +232,19 @@ def test_flat_loss_weighs_every_masked_token_one(monkeypatch):
         masked = seen["noisy"] == 2
         assert torch.equal(seen["weight"] > 0, masked)
         assert set(seen["weight"].unique().tolist()) == values if values else bool((seen["weight"][masked] >= 1).all())
+
+
+def test_the_default_mixture_draws_every_kind_it_weighs_echo_rows_included():
+    # The echo rows once had a generator and no share, so no batch ever held one: draw from the
+    # recipe's own weights and find each kind's mark in the rows.
+    assert abs(sum(mixture.WEIGHTS.values()) - 1) < 1e-9 and mixture.WEIGHTS["echo"] >= 0.1
+    tok, ids = _char_tokenizer()
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [("def f(x):\n", "    return x\n")], ids,
+                          row_lengths=((256, 1.0),))
+    rng, echoes = random.Random(6), 0
+    for _ in range(4):
+        tokens, prompt = mix.batch(32, rng)
+        for row, p in zip(tokens.tolist(), prompt.tolist()):
+            text = tok.decode(row[:p])
+            echoes += text.endswith("\nSay it again:\n") and tok.decode(row[p:]).startswith(text[:-len("\nSay it again:\n")])
+    assert 4 <= echoes <= 30      # 12% of 128 rows is about 15

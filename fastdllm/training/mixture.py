@@ -18,14 +18,14 @@ import torch
 from . import data, function_tasks, tokenizer, word_problems
 
 # Share of each kind of row (sums to 1). "arith": rows of arithmetic facts (word_problems.drill_line)
-# with no prompt; "stdlib_window": the stdlib's source with no prompt. (The third session's "recall"
-# rows, a problem -> its names and numbers, did not move the copy probe and gave way to made-up names:
-# word_problems.NOVEL_SHARE.)
-WEIGHTS = {"gsm_raw": 0.28, "gsm_chat": 0.12, "arith": 0.10, "code_raw": 0.28, "code_chat": 0.10,
-           "stdlib_window": 0.06, "stdlib_function": 0.06}
+# with no prompt; "stdlib_window": the stdlib's source with no prompt; "echo": a training prompt, then
+# the same text again, the plainest lookup. (The third session's "recall" rows, a problem -> its names
+# and numbers, did not move the copy probe and gave way to made-up names: word_problems.NOVEL_SHARE.)
+WEIGHTS = {"gsm_raw": 0.26, "gsm_chat": 0.12, "arith": 0.08, "code_raw": 0.26, "code_chat": 0.08,
+           "stdlib_window": 0.04, "stdlib_function": 0.04, "echo": 0.12}
 TIGHT_LIMIT = 192        # a tight batch's longest row before its padding
 TIGHT_GROUP = 8          # batches drawn at once and sorted into groups of like lengths
-PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function")   # rows of prompt + answer
+PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function", "echo")   # rows of prompt + answer
 
 
 def gsm_prompt(question: str) -> str:
