@@ -13,7 +13,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from fastdllm.decode.config import DecodeConfig, type_of
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.config_values import type_of
 from fastdllm.errors import UsageError
 
 

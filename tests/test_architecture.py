@@ -22,7 +22,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # layer of each top-level part of fastdllm; a module may import its own part or a lower layer
 LAYERS = {"errors": 0, "units": 0, "thread_watch": 0, "source_tree": 0, "cache_folder": 0, "host_memory": 0, "code_execution": 0, "threads": 1, "models": 1, "decode": 2, "training": 2, "checkpoints": 3,
           "bench": 4, "eval": 4, "serve": 4, "terminal": 4, "testing": 4, "cli": 5}
-TORCH_FREE = ["fastdllm.cli.app", "fastdllm.source_tree", "fastdllm.decode.rules", "fastdllm.decode.cache_modes", "fastdllm.decode.config",
+TORCH_FREE = ["fastdllm.cli.app", "fastdllm.source_tree", "fastdllm.decode.rules", "fastdllm.decode.cache_modes", "fastdllm.decode.config", "fastdllm.decode.config_values",
               "fastdllm.decode.profiles", "fastdllm.decode.family_defaults", "fastdllm.checkpoints.placement", "fastdllm.checkpoints.split",
               "fastdllm.checkpoints.fit_split",
               "fastdllm.checkpoints.locate", "fastdllm.threads", "fastdllm.thread_watch",

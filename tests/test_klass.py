@@ -128,7 +128,7 @@ def test_config_refusals_are_one_line(values, words):
 
 
 def test_other_steppers_are_refused_by_name():
-    causal = SimpleNamespace(name="SDAR", model=SimpleNamespace(attention=SimpleNamespace(kind="block-causal")))
+    causal = SimpleNamespace(name="SDAR", model=SimpleNamespace(sampler="mask", attention=SimpleNamespace(kind="block-causal")))
     with pytest.raises(UserError, match="SDAR is block-causal"):
         refuse(causal, klass())
     gemma = SimpleNamespace(name="DiffusionGemma", model=SimpleNamespace(sampler="renoise"))

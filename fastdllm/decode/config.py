@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ..errors import UsageError
 from .cache_modes import CACHE_MODES
 from .combinations import refuse_pairs
+from .config_values import ConfigError, check_field, parse_value
 from .rules import RULES
-
-
-class ConfigError(UsageError, ValueError):
-    """A user-facing configuration mistake; the message is one line and names the key."""
 
 
 def _choice(*options: str, help: str) -> Any:
@@ -85,7 +80,7 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_field(f, getattr(self, f.name))
+            check_field(f, getattr(self, f.name))
         if self.gen_len % self.block_len:
             raise ConfigError(f"gen_len {self.gen_len} is not a multiple of block_len {self.block_len}")
         if self.sub_block_len is not None and self.block_len % self.sub_block_len:
@@ -237,7 +232,7 @@ class DecodeConfig:
                 hint = difflib.get_close_matches(name, known, n=1)
                 raise ConfigError(f"unknown key '{key}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
             parsed[name] = parse_value(known[name], raw)
-            _check_field(known[name], parsed[name])
+            check_field(known[name], parsed[name])
         return parsed
 
     @classmethod
@@ -262,64 +257,3 @@ def parse_anchor(text: str) -> list[tuple[int, str]]:
             raise ValueError(f"answer_anchor: {part!r} is not offset:word (e.g. '{ANCHOR_EXAMPLE}')")
         parts.append((int(pos), word.strip()))
     return parts
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-_NONE = {"", "none", "null", "off"}
-
-
-def type_of(f) -> tuple[str, bool]:
-    """('int' | 'float' | 'bool' | 'str', optional?) from the annotation string."""
-    kind = f.type if isinstance(f.type, str) else f.type.__name__
-    return kind.replace(" | None", ""), "None" in kind
-
-
-def parse_value(f, raw: Any) -> Any:
-    """Coerce `raw` (YAML value or string from a flag / env / REPL) to the field's type."""
-    base, optional = type_of(f)
-    if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in _NONE):
-        if optional:
-            return None
-        raise ConfigError(f"{f.name}: a value is required")
-    try:
-        if base == "bool":
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in _TRUE or text in _FALSE:
-                return text in _TRUE
-            raise ValueError
-        if base == "int":
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            return int(str(raw).strip()) if isinstance(raw, str) else int(raw)
-        if base == "float":
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)          # nan / inf are refused by _check_field
-        return str(raw).strip()
-    except (TypeError, ValueError):
-        raise ConfigError(f"{f.name}: expected {base}, got {raw!r}") from None
-
-
-def _check_field(f, value: Any) -> None:
-    meta = f.metadata
-    if value is None:
-        return
-    base, _ = type_of(f)
-    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-          "bool": isinstance(value, bool), "str": isinstance(value, str)}[base]
-    if not ok:
-        raise ConfigError(f"{f.name}: expected {base}, got {value!r}")
-    if base == "float" and not math.isfinite(value):
-        raise ConfigError(f"{f.name}: expected a finite number, got {value!r}")
-    if "choices" in meta and value not in meta["choices"]:
-        raise ConfigError(f"{f.name}: '{value}' is not one of {', '.join(meta['choices'])}")
-    if "min" in meta and value < meta["min"]:
-        raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
-    if "gt" in meta and value <= meta["gt"]:
-        raise ConfigError(f"{f.name}: {value} must be greater than {meta['gt']}")
-    if "max" in meta and value > meta["max"]:
-        raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")

@@ -98,8 +98,8 @@ class SpanForward:
 def graphs_possible(model) -> bool:
     """One CUDA device holds every weight (offloaded weights sit on 'meta'), none quantized, and the
     family's forward has static shapes (not MoE: the routing sizes each expert's matmul on the host)."""
-    if os.environ.get("FASTDLLM_CUDA_GRAPHS", "1") == "0" or getattr(model, "is_quantized", False) \
-            or not getattr(model, "cuda_graphs", True):
+    if os.environ.get("FASTDLLM_CUDA_GRAPHS", "1") == "0" or model.is_quantized \
+            or not model.cuda_graphs:
         return False
     devices = {p.device for p in model.parameters()}
     return len(devices) == 1 and next(iter(devices)).type == "cuda"

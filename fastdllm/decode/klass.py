@@ -42,7 +42,7 @@ def ready_count(sorted_key, scheduled):
 
 def refuse(decoder, cfg) -> None:
     """KLASS is built for the bidirectional mask loop (LLaDA, Dream); refuse the other steppers by name."""
-    sampler = getattr(decoder.model, "sampler", "mask")
+    sampler = decoder.model.sampler
     if sampler != "mask":
         raise UserError(f"rule klass: {decoder.name} decodes with its own {sampler} stepper; KLASS is built for "
                         f"mask decoding of bidirectional models (LLaDA, Dream)")

@@ -125,7 +125,7 @@ def authors_dtype(model, logits: torch.Tensor) -> torch.dtype | None:
     """predict's softmax_dtype for `model`: the logits' own dtype where the family's authors take
     their softmax in it (the model class says `authors_softmax = "logits"`, docs/specs/ranking.md), else
     None: a float64 softmax's numbers (LLaDA's authors upcast)."""
-    return logits.dtype if getattr(model, "authors_softmax", "float64") == "logits" else None
+    return logits.dtype if model.authors_softmax == "logits" else None
 
 
 def tempered_log_p(logits: torch.Tensor, temperature: float) -> torch.Tensor:
