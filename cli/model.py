@@ -6,6 +6,8 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
+from rich.live import Live
+from rich.spinner import Spinner
 from rich.text import Text
 
 from fastdllm.checkpoints.locate import resolve_model_dir
@@ -24,7 +26,10 @@ def load_model(model_dir: Path, *, name: str | None = None, force: bool | None =
     otherwise pass with nothing on screen. The spinner is transient: a refusal is printed after it."""
     from fastdllm.checkpoints.placement import bf16_load_note
 
-    spinner = err_console.status(Text(f"loading {model_dir.name} ...")) if err_console.is_terminal else nullcontext()
+    # a Live that draws its first frame on entering (rich's console.status leaves it to its refresh
+    # thread's first tick, which torch's import, holding the interpreter, delays by seconds)
+    spinner = Live(Spinner("dots", Text(f"loading {model_dir.name} ..."), style="status.spinner"), console=err_console,
+                   transient=True, refresh_per_second=12.5) if err_console.is_terminal else nullcontext()
     with spinner, keys_not_echoed():
         if not forced(force):
             from fastdllm.checkpoints.fit import check

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from fastdllm.testing.pty_run import run_on_pty
 
 # a sitecustomize that says on stderr when torch is first looked for, so that the order of what a
 # terminal shows can be read from the output alone
@@ -32,25 +31,8 @@ sys.meta_path.insert(0, Mark)
 
 def on_a_terminal(args: list[str], cwd: Path, env: dict, timeout: float = 300) -> tuple[int, str]:
     """Run `python -m fastdllm ARGS` with stdin, stdout and stderr on a pty: (exit code, output)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "fastdllm", *args], cwd=cwd, env=env, stdin=slave, stdout=slave,
-                         stderr=slave, close_fds=True)
-    os.close(slave)
-    out, deadline = b"", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([master], [], [], 0.1)[0]:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:                     # the child closed the pty
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif p.poll() is not None:
-            break
-    p.kill() if p.poll() is None else None
-    os.close(master)
-    return p.wait(), out.decode(errors="replace")
+    run = run_on_pty([sys.executable, "-m", "fastdllm", *args], cwd=cwd, env=env, timeout=timeout)
+    return run.code, run.output
 
 
 @pytest.mark.slow
