@@ -241,10 +241,15 @@ def test_the_default_mixture_draws_every_kind_it_weighs_echo_rows_included():
     tok, ids = _char_tokenizer()
     mix = mixture.Mixture(tok, torch.arange(10, 2000), [("def f(x):\n", "    return x\n")], ids,
                           row_lengths=((256, 1.0),))
-    rng, echoes = random.Random(6), 0
+    rng, echoes, repeats = random.Random(6), 0, 0
+    newline, specials = tok.encode("\n").ids, set(ids.values())
     for _ in range(4):
         tokens, prompt = mix.batch(32, rng)
         for row, p in zip(tokens.tolist(), prompt.tolist()):
             text = tok.decode(row[:p])
             echoes += text.endswith("\nSay it again:\n") and tok.decode(row[p:]).startswith(text[:-len("\nSay it again:\n")])
+            n = next((n for n in range(8, 65) if row[n:n + len(newline)] == newline
+                      and row[:n] == row[n + len(newline):2 * n + len(newline)]), None)
+            repeats += p == 0 and n is not None and not specials & set(row[:n])
     assert 4 <= echoes <= 30      # 12% of 128 rows is about 15
+    assert 3 <= repeats <= 22     # 8%: about 10

@@ -19,10 +19,14 @@ from . import data, function_tasks, tokenizer, word_problems
 
 # Share of each kind of row (sums to 1). "arith": rows of arithmetic facts (word_problems.drill_line)
 # with no prompt; "stdlib_window": the stdlib's source with no prompt; "echo": a training prompt, then
-# the same text again, the plainest lookup. (The third session's "recall" rows, a problem -> its names
-# and numbers, did not move the copy probe and gave way to made-up names: word_problems.NOVEL_SHARE.)
-WEIGHTS = {"gsm_raw": 0.26, "gsm_chat": 0.12, "arith": 0.08, "code_raw": 0.26, "code_chat": 0.08,
-           "stdlib_window": 0.04, "stdlib_function": 0.04, "echo": 0.12}
+# the same text again, the plainest lookup; "repeat": random tokens, then the same tokens again, with
+# no prompt (either copy may be masked): nothing but the other copy predicts a token, the signal
+# that makes a model learn to look a token up (docs/builtin-model-training.md, seventh session).
+# (The third session's "recall" rows, a problem -> its names and numbers, did not move the copy probe
+# and gave way to made-up names: word_problems.NOVEL_SHARE.)
+WEIGHTS = {"gsm_raw": 0.22, "gsm_chat": 0.12, "arith": 0.08, "code_raw": 0.22, "code_chat": 0.08,
+           "stdlib_window": 0.04, "stdlib_function": 0.04, "echo": 0.12, "repeat": 0.08}
+UNPROMPTED = ("stdlib_window", "arith", "repeat")      # rows of any length, every token may be masked
 TIGHT_LIMIT = 192        # a tight batch's longest row before its padding
 TIGHT_GROUP = 8          # batches drawn at once and sorted into groups of like lengths
 PROMPTED = ("gsm_raw", "gsm_chat", "code_raw", "code_chat", "stdlib_function", "echo")   # rows of prompt + answer
@@ -95,6 +99,8 @@ class Mixture:
                 rows.append(self.stream[start:start + L])
             elif kind == "arith":
                 rows.append(self.drill_row(rng, L))
+            elif kind == "repeat":
+                rows.append(self.repeat_row(rng, L))
             else:
                 rows.append(torch.tensor(p + a + [self.ids[tokenizer.EOS]] * (L - len(p) - len(a))))
             prompts.append(len(p))
@@ -114,7 +120,7 @@ class Mixture:
     def prompted(self, kind: str, rng: random.Random, L: int) -> tuple[list[int], list[int]]:
         """(prompt ids, answer ids) of one row of `kind` that fits L tokens with one padding token;
         ([], []) for the kinds with no prompt (stdlib windows, drills), filled once L is known."""
-        if kind in ("stdlib_window", "arith"):
+        if kind in UNPROMPTED:
             return [], []
         for attempt in range(100):          # short rows take the shorter draws; longer rows all of them
             prompt, answer = texts(rng, kind, self.stdlib_functions)
@@ -135,6 +141,19 @@ class Mixture:
         while len(ids) < L:
             ids += self.encode(word_problems.drill_line(rng) + "\n")
         return torch.tensor(ids[:L])
+
+    def repeat_row(self, rng: random.Random, L: int) -> torch.Tensor:
+        """n random ordinary tokens (8 <= n <= 64, both copies within L), a newline, the same n
+        tokens, then end-of-text padding to L."""
+        specials = set(self.ids.values())
+        vocab = self.tok.get_vocab_size()
+        n = rng.randint(8, max(8, min(64, (L - 2) // 2)))
+        seq = []
+        while len(seq) < n:
+            t = rng.randrange(vocab)
+            seq += [] if t in specials else [t]
+        row = seq + self.encode("\n") + seq
+        return torch.tensor((row + [self.ids[tokenizer.EOS]] * L)[:L])
 
 
 def block_mask_batch(tokens: torch.Tensor, prompt_len: torch.Tensor, mask_id: int, rng: random.Random,
