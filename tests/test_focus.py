@@ -131,6 +131,28 @@ def test_the_cases_drop_tokens_and_use_every_rule(sdar):
     assert any(len(s.kept) < len(s.processing) for s in steps)
 
 
+def test_positions_run_count_the_kept_sets(sdar, monkeypatch):
+    """Result.positions_run (bench's pos/fwd) counts what FOCUS's layers ran: per step layers 0 and 1
+    the processing set P, layers 2.. the kept set K (docs 5), read here from Focus.run_layers; a store
+    pass its span. Not the block each step is given (the count before FOCUS was counted)."""
+    lm, m, block, high = sdar
+    layers = len(lm.decoder.model.blocks)
+    sets, inner = [], Focus.run_layers
+
+    def spy(self, s, e, processing, masked, target, evict):
+        kept, logits, order = inner(self, s, e, processing, masked, target, evict)
+        sets.append((int(processing.sum()), int(kept.sum())))
+        return kept, logits, order
+    monkeypatch.setattr(Focus, "run_layers", spy)
+    events = []
+    result = run(lm.decoder, [prompt_of(5, 5, high)], config(block, gen_len=48), on_event=events.append)
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    stores = sum(e.span[1] - e.span[0] for e in steps if e.step < 0)
+    assert len(sets) == sum(e.step >= 0 for e in steps) and any(k < p for p, k in sets)
+    assert result.positions_run == pytest.approx(stores + sum((2 * p + (layers - 2) * k) / layers for p, k in sets))
+    assert result.positions_run < sum(e.span[1] - e.span[0] for e in steps)        # the spans: the old count
+
+
 @pytest.mark.parametrize("family", ["sdar", "llada2", "sdar_moe"])
 def test_nothing_dropped_is_the_plain_decode(request, family):
     """alpha so large that no mask is dropped, the delayed cache off: every step recomputes the

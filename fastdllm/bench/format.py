@@ -125,7 +125,11 @@ def caption(records: list[dict]) -> str:
         parts.append("answer: tokens per answer, up to its end token; pos/fwd: canvas positions a forward runs (no cache: "
                      "the whole canvas, prompt included; prefix: the block and all after it; dual: the block; every "
                      "block's first step: the whole canvas); a row outruns the baseline where it runs fewer positions "
-                     "per answer token (pos/fwd / tok/fwd)")
+                     "per answer token (pos/fwd / tok/fwd)"
+                     + ("; a FOCUS row: the mean over the layers of the positions each layer computes (layers 0 "
+                        "and 1: the block's uncached positions; the later layers: the kept ones), so a dropped "
+                        "token counts as saved in the share of layers that skip it"
+                        if any(x.get("focus_alpha") is not None for x in records) else ""))
     if short := _short_answers(records):
         parts.append(short)
     if any(x.get("speedup_reliable") is False for x in records):

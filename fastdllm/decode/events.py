@@ -32,11 +32,15 @@ class StepEvent:
     deleted: torch.Tensor | None = None  # (B, K) bool, InDel (docs/specs/llada2-2.md §3): offsets where a DELETE
     inserted: torch.Tensor | None = None  # or a SPLIT was written; `tokens` is then the block after the edits
     masks: torch.Tensor | None = None    # (B, K) bool, InDel: the block's masks after the edits
+    positions_run: float | None = None   # FOCUS: the positions its layers ran, a mean over the layers (its
+                                         # later layers run the kept set only; docs/accelerators/focus.md 5)
 
     @property
-    def width(self) -> int:
+    def width(self) -> float:
         """Canvas positions this forward ran, one row's: the span's length, or the size of a
-        position set (cache mode dkv, models/kv_cache.Slots)."""
+        position set (cache mode dkv, models/kv_cache.Slots), or FOCUS's mean over the layers."""
+        if self.positions_run is not None:
+            return self.positions_run
         start, end = self.span
         return end - start if isinstance(start, int) else int(start.index.shape[1])
 
@@ -76,7 +80,7 @@ class Result:
     matcher_seconds: float = 0.0                  # structured output: time in the grammar matcher
     constraint_errors: list[str | None] | None = None   # structured output: per row, why its matcher failed
                                                   # (the answer ended there), None where it did not
-    positions_run: int | None = None              # canvas positions the forwards ran, one row's, summed
+    positions_run: float | None = None            # canvas positions the forwards ran, one row's, summed
                                                   # (StepEvent.width; engine.generate counts them)
 
     @property

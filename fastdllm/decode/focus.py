@@ -95,6 +95,7 @@ class Focus:
         refuse(decoder)
         self.cfg, self.model, self.forward, self.cache = cfg, decoder.model, forward, cache
         self.mask = decoder.specials.mask
+        self.positions_run = 0.0                    # the last step's forward, for its StepEvent (run_layers)
 
     def start(self, B: int, L: int) -> None:
         self.uncached, self.warm = torch.ones(B, L, dtype=torch.bool), True
@@ -165,6 +166,7 @@ class Focus:
             cache.tap = None
         order = in_order(kept & masked)                                                  # the logits' offsets
         keys = self.keys(s, last(kept))
+        width = slots.index.shape[1]                # P's slots (filler included): layers 0 and 1 run them
         if last_layer == 1:                         # layer 1 is the last: outputs at the logits' rows only
             x = blocks[1](x, cos, sin, keys, cache, 1, slots, row_in(processing, order).to(x.device))
         else:                                       # layer 1's outputs for K only, then K alone
@@ -176,6 +178,8 @@ class Focus:
             final = row_in(kept, order).to(x.device)
             for layer in range(2, last_layer + 1):
                 x = blocks[layer](x, cos, sin, keys, cache, layer, slots, final if layer == last_layer else None)
+        # pos/fwd (docs 5): the positions each layer computes keys/values for, averaged over the layers
+        self.positions_run = (2 * width + (last_layer - 1) * slots.index.shape[1]) / (last_layer + 1)
         return kept, model.head(model.final_norm(x)), order
 
     def slots(self, s: int, e: int, wanted: torch.Tensor) -> Slots:

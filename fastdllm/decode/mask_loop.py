@@ -173,7 +173,8 @@ class Batch(Stepper):
                 rows.end(wrote, edited)
                 self.count(int(chosen.sum()))
                 self.edits += int(edited.sum())
-                yield StepEvent(block, step, self.nfe, span, rel(positions), tokens, conf, chosen, edited=edited)
+                yield StepEvent(block, step, self.nfe, span, rel(positions), tokens, conf, chosen, edited=edited,
+                                positions_run=self.focus.positions_run if self.focus else None)
                 step += 1
                 if causal and cfg.early_stop and not rows.editing and bool(ended().all()):
                     stopped = True                                      # nothing before the stops can change
