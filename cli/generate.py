@@ -38,6 +38,7 @@ def generate(
     json_schema: Annotated[Optional[Path], CONSTRAINT_FLAGS["json_schema"][1]] = None,
     regex: Annotated[Optional[str], CONSTRAINT_FLAGS["regex"][1]] = None,
     grammar: Annotated[Optional[Path], CONSTRAINT_FLAGS["grammar"][1]] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel over N processes, one per GPU (or sharing the CPU's cores), each holding 1/N of every layer; as `torchrun --nproc-per-node N -m fastdllm generate --tp N ...`, started here outside a launcher (docs/specs/tensor-parallel.md).")] = None,
     *, opts: RunOptions,
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
@@ -45,7 +46,9 @@ def generate(
 
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     spec = spec_from(json_schema, regex, grammar)
-    if infill_file is not None or suffix is not None or suffix_file is not None:
+    infilling = infill_file is not None or suffix is not None or suffix_file is not None
+    world, ranks = split_over(tp, opts, infilling)
+    if infilling:
         if spec is not None:
             raise UsageError("structured output: not combined with infilling (the text after a hole is not part "
                              "of the sentence; docs/specs/structured-output.md)")
@@ -53,14 +56,19 @@ def generate(
 
         return infill(opts, prompt, file, suffix, suffix_file, infill_file, chat=chat, trim=trim, json_out=json_out,
                       live=live, quiet=quiet, verbose=verbose)
-    text = read_prompt(prompt, file)
-    lm, profile, cfg = prepare(opts)              # torch comes in here, under the loading spinner
+    text = read_prompt(prompt, file) if world is None or world.first else ""   # tensor parallel: rank 0's
+    lm, profile, cfg = prepare(opts, ranks)       # torch comes in here, under the loading spinner
     from fastdllm.decode.engine import run
     from fastdllm.terminal.stats import stats_block, stats_line
     from fastdllm.terminal.view import BlockStreamer
 
-    ids = lm.encode(text, chat=chat, thinking=think)
+    ids = lm.encode(text, chat=chat, thinking=think) if text or world is None else []
     constraint = compile_for(spec, lm)
+    if world is not None:                          # every rank decodes rank 0's prompt; rank 0 alone prints
+        ids = world.all_gather(ids)[0]
+        if not world.first:
+            run(lm.decoder, [ids], cfg, constraints=[constraint] if constraint else None)
+            return
     header = f"{lm.path.name} · profile {profile.name} · cache {cfg.cache} · {describe(cfg)}" + \
         (f" · {spec.label}" if spec else "")
     view = live_view(lm, ids, cfg, header, constrained=spec is not None) if live else None
@@ -88,3 +96,23 @@ def generate(
         err_console.print(stats_block(result, lm.info, view.overhead if view else None), style="dim")
     elif not quiet:
         err_console.print(stats_line(result), style="dim")
+
+
+def split_over(tp: int | None, opts: RunOptions, infilling: bool):
+    """--tp N: (World, Ranks) of this process under a launcher, or N copies of this command started here
+    (the process exits with theirs); (None, None) without it (or with --tp 1). Refusals first."""
+    if tp is None or tp == 1:
+        return None, None
+    from fastdllm.checkpoints.tensor_parallel import refuse
+
+    from . import parallel
+
+    refuse(tp, quantize=opts.quantize, device_map=opts.device_map, max_memory=opts.max_memory)
+    if infilling:
+        raise UsageError(f"--tp {tp}: infilling (--suffix, --infill) is not split over ranks yet")
+    if parallel.wanted(tp):                        # not under a launcher yet: start the ranks
+        raise typer.Exit(parallel.launch(tp))
+    placement = {"device": opts.device}
+    world, ranks = parallel.tensor_parallel(tp, placement)
+    opts.device = placement["device"]
+    return world, ranks

@@ -19,11 +19,13 @@ from .terminal import err_console, keys_not_echoed
 
 
 def load_model(model_dir: Path, *, name: str | None = None, force: bool | None = None, canvas_tokens: int = 384,
-               **placement: str):
+               ranks=None, **placement: str):
     """Load with a spinner on a terminal (stderr), once the fit verdict allows it (--force skips it).
     The spinner is up before torch and transformers are imported (by the verdict's config classes
     or by loading): on 2 cores they take 2-5 s, most of a small model's start, which would
-    otherwise pass with nothing on screen. The spinner is transient: a refusal is printed after it."""
+    otherwise pass with nothing on screen. The spinner is transient: a refusal is printed after it.
+    `ranks`: tensor parallel (models/tensor_parallel.Ranks), this rank's share only; the fit verdict,
+    which judges the whole model on one device, is not asked."""
     from fastdllm.checkpoints.placement import bf16_load_note
 
     # a Live that draws its first frame on entering (rich's console.status leaves it to its refresh
@@ -31,15 +33,20 @@ def load_model(model_dir: Path, *, name: str | None = None, force: bool | None =
     spinner = Live(Spinner("dots", Text(f"loading {model_dir.name} ..."), style="status.spinner"), console=err_console,
                    transient=True, refresh_per_second=12.5) if err_console.is_terminal else nullcontext()
     with spinner, keys_not_echoed():
-        if not forced(force):
+        if ranks is not None:
+            from fastdllm.checkpoints import tensor_parallel
+
+            lm = tensor_parallel.load(model_dir, ranks, dtype=placement["dtype"], device=placement["device"])
+        elif not forced(force):
             from fastdllm.checkpoints.fit import check
 
             if refused := check(model_dir, name or model_dir.name, canvas_tokens=canvas_tokens,
                                 **{k: placement.get(k, MODEL_DEFAULTS[k]) for k in MODEL_DEFAULTS}):
                 raise UserError(refused)
-        from fastdllm.checkpoints import loading
+        if ranks is None:
+            from fastdllm.checkpoints import loading
 
-        lm = loading.load(model_dir, **placement)
+            lm = loading.load(model_dir, **placement)
     if slow := bf16_load_note(lm):
         err_console.print(f"note: {slow}", style="yellow")
     for note in lm.notes:
@@ -58,8 +65,9 @@ def catalog_profile(spec: str | None) -> str | None:
     return entry.profile if entry else None
 
 
-def prepare(opts: RunOptions):
-    """Resolve model dir, profile and config (before any weights are read), then load the model."""
+def prepare(opts: RunOptions, ranks=None):
+    """Resolve model dir, profile and config (before any weights are read), then load the model
+    (`ranks`: this tensor-parallel rank's share of it)."""
     from fastdllm.decode import profiles
 
     model_dir = resolve_model_dir(opts.model)
@@ -68,7 +76,7 @@ def prepare(opts: RunOptions):
     named = opts.model if opts.model and not Path(opts.model).expanduser().exists() else None   # dream:7b
     lm = load_model(model_dir, name=named, force=opts.force, canvas_tokens=PROMPT_ALLOWANCE + cfg.gen_len,
                     dtype=opts.dtype, device=opts.device, quantize=opts.quantize, device_map=opts.device_map,
-                    max_memory=opts.max_memory)
+                    max_memory=opts.max_memory, ranks=ranks)
     trained = lm.model.attention.block
     if trained is not None and cfg.block_len != trained:
         err_console.print(f"note: blocks of {cfg.block_len}, but {model_dir.name} was trained with blocks of "

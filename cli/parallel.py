@@ -50,3 +50,22 @@ def join(processes: int | None, placement: dict):
         placement["device"] = world.device(placement["device"])
         world.share_threads()
     return world
+
+
+def tensor_parallel(tp: int, placement: dict):
+    """`--tp N` under a launcher: this process's World (gloo on a CPU, NCCL for the tensors on GPUs),
+    its device in `placement` (cuda:LOCAL_RANK or the CPU) and the Ranks its model loads with; ranks
+    after the first print nothing. The launcher must have started N processes."""
+    import torch
+
+    from fastdllm.eval import distributed
+    from fastdllm.models.tensor_parallel import Ranks
+
+    cuda = torch.cuda.is_available() and placement["device"] != "cpu"
+    world = distributed.from_env("cpu:gloo,cuda:nccl" if cuda else "gloo")
+    if world.size != tp:
+        raise UsageError(f"--tp {tp}, but the launcher started {world.size} process{'es' * (world.size != 1)}")
+    err_console.quiet = not world.first
+    placement["device"] = world.device(placement["device"])
+    world.share_threads()
+    return world, Ranks(world.rank, world.size)

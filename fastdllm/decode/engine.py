@@ -22,6 +22,7 @@ from .events import BlockEvent, Event, Result, StepEvent  # noqa: F401  (re-expo
 from .focus import refuse as refuse_focus
 from .klass import refuse as refuse_klass
 from .mask_loop import Batch, infill_canvas, refuse_constrained  # noqa: F401  (re-exported)
+from .split_head import refuse as refuse_split
 
 
 def generate(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
@@ -49,6 +50,7 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     or the seeded block decoder (seeded.SeededBatch, Nemotron-Labs Diffusion), or LLaDA2.2's InDel
     stepper (indel.InDelBatch)."""
     sampler = decoder.model.sampler
+    refuse_split(decoder.model, cfg)            # split_head.py: what tensor parallel does not decode with
     if cfg.focus_alpha is not None:             # focus.py: block-causal mask decoders only
         refuse_focus(decoder)
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:

@@ -12,6 +12,7 @@ from .dilation import level_of
 from .graphs import SpanForward
 from .rules import RULES
 from .selection import authors_dtype, entropy_of, max_without, predict, select, select_edits
+from .split_head import decide, split_decider
 
 
 def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, banned, generator, editable=None,
@@ -38,12 +39,16 @@ def decode_step(forward: SpanForward, span, block_masked, s, scheduled, cfg, ban
     for a in accelerators:                      # slots only read (KLASS: the next block)
         asked = a.ask(span, asked)
     asked = pos_dev if asked is positions else asked.to(device, non_blocking=True)
-    logits = forward(span, asked).to(device)                                        # (B, K [+ X], V)
-    for a in accelerators:                      # back to the decided slots' logits, then transformed
-        logits = a.adjust(logits, slots)
-    tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence, banned=banned,
-                           generator=generator, softmax_dtype=authors_dtype(forward.model, logits))
-    bound = rule_bound(RULES[cfg.rule].bound, logits, cfg, L, order, pos_dev)
+    if (head := split_decider(forward.model, cfg, accelerators)) is not None:   # tensor parallel: each rank's
+        tokens, conf = decide(head, lambda: forward(span, asked), banned)       # (max, argmax, lse) per position
+        bound = None
+    else:
+        logits = forward(span, asked).to(device)                                    # (B, K [+ X], V)
+        for a in accelerators:                  # back to the decided slots' logits, then transformed
+            logits = a.adjust(logits, slots)
+        tokens, conf = predict(logits, temperature=cfg.temperature, measure=cfg.confidence, banned=banned,
+                               generator=generator, softmax_dtype=authors_dtype(forward.model, logits))
+        bound = rule_bound(RULES[cfg.rule].bound, logits, cfg, L, order, pos_dev)
     for a in accelerators:                      # KLASS's stability
         bound = a.bound(logits, slots) if bound is None else bound
     chosen = select(conf, candidate.to(device), cfg, scheduled.to(device), bound)

@@ -6,6 +6,8 @@ LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), as both launchers set it. The process group
 whatever the device: what crosses between processes is a few kilobytes of Python objects per task
 (answers' metrics, counters, errors), which gloo moves on any machine, while the model's tensors
 never leave their device (nccl's object collectives would add device bookkeeping for nothing).
+Tensor parallel (`generate --tp N`) is the exception: its activations cross between ranks, so on
+GPUs it joins with NCCL beside gloo (`from_env("cpu:gloo,cuda:nccl")`).
 
 Failures: work that raises on one rank is reported at the next exchange (`exchange`), where every
 rank stops and rank 0 says which rank failed, in one line. A rank that dies outright is the
@@ -123,8 +125,9 @@ def describe(e: Exception) -> str:
     return str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
 
 
-def from_env() -> World:
-    """This process's World from the launcher's environment, joining the process group once."""
+def from_env(backend: str = "gloo") -> World:
+    """This process's World from the launcher's environment, joining the process group once (tensor
+    parallel on GPUs joins with "cpu:gloo,cuda:nccl": its tensors cross between devices)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return World()
@@ -133,7 +136,7 @@ def from_env() -> World:
     world = World(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK", "0")),
                   int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=WAIT)
+        dist.init_process_group(backend, timeout=WAIT)
         atexit.register(_leave)
     return world
 

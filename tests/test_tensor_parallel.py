@@ -1,0 +1,112 @@
+"""Tensor parallel (docs/specs/tensor-parallel.md): two ranks on gloo commit the same tokens with the
+same NFE as one process in float64, for cache modes none / prefix / dual, under the default decision
+(each rank's (max, argmax, logsumexp)) and under decisions that gather the rows; that decision equals
+the gathered-rows one on the same logits; each refusal is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from cli_runner import invoke
+from one_line import one_line_refusal
+
+from fastdllm.checkpoints import tensor_parallel
+from fastdllm.decode.config import DecodeConfig
+from fastdllm.decode.engine import run
+from fastdllm.decode.selection import predict
+from fastdllm.decode.split_head import combine, local_numbers
+from fastdllm.errors import UsageError
+from fastdllm.models.tensor_parallel import Ranks
+from fastdllm.testing.tensor_parallel import decode_cases, run_ranks
+
+BASE = dict(gen_len=32, block_len=8, threshold=0.7)
+# (name, DecodeConfig fields, whether each step decides from the ranks' three numbers)
+CASES = [(f"{cache}-{name}", dict(BASE, cache=cache, **fields), split)
+         for cache in ("none", "prefix", "dual")
+         for name, fields, split in (("threshold-prob", {}, True), ("threshold-margin", {"confidence": "margin"}, False))]
+CASES += [("dual-fixed-prob", dict(BASE, cache="dual", rule="fixed", steps=16), True),
+          ("dual-sampled", dict(BASE, cache="dual", temperature=0.7, seed=3), False)]
+
+
+@pytest.fixture(scope="module")
+def prompts(llada64):
+    return [llada64.encode("Write a function that adds two numbers.", chat=True), llada64.encode("Hi", chat=True)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(llada_dir, prompts, tmp_path_factory):
+    return run_ranks(llada_dir, [c for _, c, _ in CASES], prompts, tmp_path_factory.mktemp("tp") / "ranks.json")
+
+
+@pytest.mark.slow          # processes: the full suite only (tests/conftest.py)
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _, _ in CASES])
+def test_two_ranks_commit_the_tokens_and_nfe_of_one_process(index, two_ranks, llada64, prompts, one_thread):
+    name, fields, split = CASES[index]
+    one = decode_cases(llada64, [fields], prompts)[0]
+    got = two_ranks["results"][index]
+    assert two_ranks["ranks_agree"]
+    assert (got["canvas"], got["nfe"]) == (one["canvas"], one["nfe"])
+    assert (got["split_decisions"] == got["nfe"]) if split else got["split_decisions"] == 0
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_ranks_numbers_decide_as_the_gathered_rows(ranks):
+    torch.manual_seed(0)
+    B, K, V, mask = 3, 5, 37, 20
+    logits = torch.randn(B, K, V, dtype=torch.float64) * 3
+    logits[0, 0, mask] = 50.0                         # the mask id holds the row's max: never the token
+    logits[1, 0, [4, 30]] = 40.0                      # the max on two ranks: the lower id wins
+    logits[2, 1, :] = 1.0                             # a flat row: id 0 (the mask id not first)
+    bounds = [r * V // ranks for r in range(ranks + 1)]
+    numbers = torch.stack([local_numbers(logits[..., a:b], a, [mask]) for a, b in zip(bounds, bounds[1:])])
+    tokens, confidence = combine(numbers)
+    want_tokens, want_confidence = predict(logits, temperature=0.0, measure="prob", banned=[mask], generator=None)
+    assert torch.equal(tokens, want_tokens)
+    assert tokens[0, 0] != mask and tokens[1, 0] == 4 and tokens[2, 1] == 0
+    torch.testing.assert_close(confidence, want_confidence, rtol=1e-13, atol=1e-15)
+
+
+def test_a_family_without_a_split_table_is_refused(dream_dir):
+    one_line_refusal(lambda: tensor_parallel.load(dream_dir, Ranks(0, 2), dtype="fp64"),
+                     "tensor parallel is built for llada only; Dream is refused")
+
+
+def test_heads_that_do_not_split_over_the_ranks_are_refused(llada_dir):
+    one_line_refusal(lambda: tensor_parallel.load(llada_dir, Ranks(0, 3), dtype="fp64"),
+                     "4 KV heads (n_kv_heads) do not split over 3 ranks")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--quantize", "int8"], "--tp 2 with --quantize int8: the packed rows"),
+    (["--device-map", "auto"], "--tp 2 with --device-map / --max-memory"),
+    (["--suffix", "b"], "--tp 2: infilling"),
+    (["--tp", "0"], "--tp 0: give at least 1"),
+])
+def test_flags_tensor_parallel_does_not_take_are_one_line(flags, message, llada_dir):
+    result = invoke("generate", "-m", llada_dir, "--tp", "2", *flags, "a")
+    assert result.exit_code == 2 and message in result.output
+    assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("fields, message", [({"cache": "dllm_cache"}, "cache dllm_cache under tensor parallel"),
+                                             ({"focus_alpha": 1.5, "cache": "prefix"}, "focus under tensor parallel")])
+def test_decoding_that_reads_a_ranks_own_heads_is_refused(fields, message, llada_dir, prompts):
+    lm = tensor_parallel.load(llada_dir, Ranks(0, 1), dtype="fp64")   # refused before any collective
+    one_line_refusal(lambda: run(lm.decoder, prompts, DecodeConfig(**dict(BASE, **fields))), message)
+
+
+@pytest.mark.slow          # processes: the full suite only
+def test_generate_tp_2_prints_the_answer_of_one_process(llada_dir):
+    args = ("generate", "-m", llada_dir, "--dtype", "fp64", "-n", "16", "--json", "def add(a, b):")
+    one = json.loads(invoke(*args).stdout)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fastdllm", *map(str, args), "--tp", "2"], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    two = json.loads(out.stdout)            # rank 0 alone prints: one JSON object
+    assert (two["ids"], two["nfe"]) == (one["ids"], one["nfe"])
+    assert two["model"]["tensor_parallel"] == {"rank": 0, "ranks": 2}
