@@ -1,7 +1,8 @@
 """Tensor parallel (docs/specs/tensor-parallel.md): two ranks on gloo commit the same tokens with the
 same NFE as one process in float64, for cache modes none / prefix / dual, under the default decision
-(each rank's (max, argmax, logsumexp)) and under decisions that gather the rows; that decision equals
-the gathered-rows one on the same logits; each refusal is one line."""
+(each rank's (max, argmax, logsumexp)) and under decisions that gather the rows, for LLaDA
+(bidirectional) and SDAR (block-causal); that decision equals the gathered-rows one on the same
+logits; each refusal is one line."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import json
 import pytest
 import torch
 from cli_runner import invoke
+from helpers import QWEN_IDS, prompt_of
 from one_line import one_line_refusal
 
-from fastdllm.checkpoints import tensor_parallel
+from fastdllm.checkpoints import loading, tensor_parallel
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.decode.selection import predict
@@ -20,6 +22,7 @@ from fastdllm.decode.split_head import combine, local_numbers
 from fastdllm.errors import UsageError
 from fastdllm.models.tensor_parallel import Ranks
 from fastdllm.testing.tensor_parallel import decode_cases, run_ranks
+from fastdllm.testing.tiny_blockdiff import write_sdar
 
 BASE = dict(gen_len=32, block_len=8, threshold=0.7)
 # (name, DecodeConfig fields, whether each step decides from the ranks' three numbers)
@@ -28,6 +31,10 @@ CASES = [(f"{cache}-{name}", dict(BASE, cache=cache, **fields), split)
          for name, fields, split in (("threshold-prob", {}, True), ("threshold-margin", {"confidence": "margin"}, False))]
 CASES += [("dual-fixed-prob", dict(BASE, cache="dual", rule="fixed", steps=16), True),
           ("dual-sampled", dict(BASE, cache="dual", temperature=0.7, seed=3), False)]
+# SDAR's authors take their softmax in the logits' dtype (authors_softmax): its steps gather the rows
+SDAR = dict(gen_len=16, block_len=4, rule="dynamic", threshold=0.7, early_stop=False)
+SDAR_CASES = [(f"sdar-{cache}-dynamic", dict(SDAR, cache=cache), False) for cache in ("none", "prefix", "dual")]
+SDAR_CASES += [("sdar-prefix-fixed", dict(SDAR, cache="prefix", rule="fixed", steps=8), False)]
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +47,43 @@ def two_ranks(llada_dir, prompts, tmp_path_factory):
     return run_ranks(llada_dir, [c for _, c, _ in CASES], prompts, tmp_path_factory.mktemp("tp") / "ranks.json")
 
 
+@pytest.fixture(scope="module")
+def sdar_dir(tmp_path_factory):
+    return write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar")
+
+
+@pytest.fixture(scope="module")
+def sdar64(sdar_dir):
+    return loading.load(sdar_dir, dtype="fp64")
+
+
+@pytest.fixture(scope="module")
+def sdar_prompts():
+    return [prompt_of(11, seed=0, **QWEN_IDS), prompt_of(6, seed=1, **QWEN_IDS)]
+
+
+@pytest.fixture(scope="module")
+def sdar_ranks(sdar_dir, sdar_prompts, tmp_path_factory):
+    return run_ranks(sdar_dir, [c for _, c, _ in SDAR_CASES], sdar_prompts, tmp_path_factory.mktemp("tp") / "sdar.json")
+
+
 @pytest.mark.slow          # processes: the full suite only (tests/conftest.py)
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _, _ in CASES])
 def test_two_ranks_commit_the_tokens_and_nfe_of_one_process(index, two_ranks, llada64, prompts, one_thread):
-    name, fields, split = CASES[index]
-    one = decode_cases(llada64, [fields], prompts)[0]
-    got = two_ranks["results"][index]
-    assert two_ranks["ranks_agree"]
+    same_as_one_process(CASES[index], two_ranks, index, llada64, prompts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(SDAR_CASES)), ids=[name for name, _, _ in SDAR_CASES])
+def test_two_ranks_of_a_block_causal_family_commit_as_one_process(index, sdar_ranks, sdar64, sdar_prompts, one_thread):
+    same_as_one_process(SDAR_CASES[index], sdar_ranks, index, sdar64, sdar_prompts)
+
+
+def same_as_one_process(case, ranks, index, lm, prompts):
+    name, fields, split = case
+    one = decode_cases(lm, [fields], prompts)[0]
+    got = ranks["results"][index]
+    assert ranks["ranks_agree"]
     assert (got["canvas"], got["nfe"]) == (one["canvas"], one["nfe"])
     assert (got["split_decisions"] == got["nfe"]) if split else got["split_decisions"] == 0
 
@@ -70,7 +107,7 @@ def test_the_ranks_numbers_decide_as_the_gathered_rows(ranks):
 
 def test_a_family_without_a_split_table_is_refused(dream_dir):
     one_line_refusal(lambda: tensor_parallel.load(dream_dir, Ranks(0, 2), dtype="fp64"),
-                     "tensor parallel is built for llada only; Dream is refused")
+                     "tensor parallel is built for llada, sdar only; Dream is refused")
 
 
 def test_heads_that_do_not_split_over_the_ranks_are_refused(llada_dir):
@@ -99,7 +136,7 @@ def test_decoding_that_reads_a_ranks_own_heads_is_refused(fields, message, llada
 
 @pytest.mark.slow          # processes: the full suite only
 def test_generate_tp_2_prints_the_answer_of_one_process(llada_dir):
-    args = ("generate", "-m", llada_dir, "--dtype", "fp64", "-n", "16", "--json", "def add(a, b):")
+    args = ("generate", "-m", llada_dir, "--dtype", "fp64", "-n", "32", "--json", "def add(a, b):")
     one = json.loads(invoke(*args).stdout)
     import subprocess
     import sys

@@ -25,7 +25,7 @@ HEADS_IN, MLP_IN = "heads_in", "mlp_in"                        # input columns o
 
 @dataclass(frozen=True)
 class Layout:
-    linears: dict[str, str]     # a block linear's name -> its split
+    linears: dict[str, str]     # a block linear's name inside its block -> its split
     head: str                   # the vocabulary head's module path (made when the family ties it)
     heads: str                  # config keys: attention heads, KV heads, MLP hidden size
     kv_heads: str
@@ -33,10 +33,15 @@ class Layout:
     tied: str = "weight_tying"  # the config key saying the head is the input embedding
 
 
+QWEN = {"self_attn.q_proj": HEADS, "self_attn.k_proj": KV_HEADS, "self_attn.v_proj": KV_HEADS,
+        "self_attn.o_proj": HEADS_IN, "mlp.gate_proj": MLP, "mlp.up_proj": MLP, "mlp.down_proj": MLP_IN}
 LAYOUTS = {
     "llada": Layout({"q_proj": HEADS, "k_proj": KV_HEADS, "v_proj": KV_HEADS, "attn_out": HEADS_IN,
                      "ff_proj": MLP, "up_proj": MLP, "ff_out": MLP_IN},
                     head="model.transformer.ff_out", heads="n_heads", kv_heads="n_kv_heads", mlp="mlp_hidden_size"),
+    # Qwen3's per-head q_norm / k_norm stay whole on every rank (they read one head at a time)
+    "sdar": Layout(QWEN, head="lm_head", heads="num_attention_heads", kv_heads="num_key_value_heads",
+                   mlp="intermediate_size", tied="tie_word_embeddings"),
 }
 
 
@@ -121,7 +126,9 @@ def local_rows(head: SplitHead):
 
 
 def build(model_cls, config, model_type: str) -> nn.Module:
-    """The family's model at the published shape, on the meta device (no memory)."""
+    """The family's model at the published shape, on the meta device (no memory). Our modules compute
+    attention themselves: a config's attn_implementation (SDAR's name flex_attention) is not transformers'."""
+    config._attn_implementation = "eager"
     with torch.device("meta"):
         model = model_cls(config)
     return model
@@ -138,12 +145,12 @@ def shard(model: nn.Module, model_type: str, config, tensors, ranks: Ranks, dtyp
     ranges = {HEADS: _scaled(ranks.share(heads), head_dim), KV_HEADS: _scaled(ranks.share(kv_heads), head_dim),
               MLP: ranks.share(mlp)}
     ranges[HEADS_IN], ranges[MLP_IN] = ranges[HEADS], ranges[MLP]
-    pattern = re.compile(r"(^|\.)\d+\.(" + "|".join(map(re.escape, layout.linears)) + r")$")
+    pattern = re.compile(r"\.\d+\.(" + "|".join(map(re.escape, layout.linears)) + r")$")     # blocks.N.<name>
     head_path = layout.head
     for name, module in list(model.named_modules()):
         if name == head_path:
             continue
-        split = (m := pattern.search(name)) and layout.linears[m.group(2)]
+        split = (m := pattern.search(name)) and layout.linears[m.group(1)]
         for pname, _ in list(module.named_parameters(recurse=False)):
             full = f"{name}.{pname}" if name else pname
             if full not in tensors:
