@@ -30,20 +30,21 @@ def family_of(config: dict, path: Path, *, refuse: bool = True):
     """(the family's config built from config.json, its model class, notes for the user); one-line
     errors for an unknown family or a malformed config. A switch fastdllm does not implement is
     refused, or with `refuse=False` (`info`) a note; config keys no list knows are a note."""
-    from ..models import BY_ARCHITECTURE, FAMILIES, NOT_YET
+    from ..models import registry
 
     model_type = config.get("model_type")
     notes = []
-    named = [BY_ARCHITECTURE[a] for a in config.get("architectures") or [] if a in BY_ARCHITECTURE]
-    if named and model_type != named[0]:        # the class name decides (models/__init__.py)
+    by_architecture = registry.by_architecture()
+    named = [by_architecture[a] for a in config.get("architectures") or [] if a in by_architecture]
+    if named and model_type != named[0]:        # the class name decides (models/registry.py)
         notes.append(f"model_type {model_type!r} read as {named[0]!r}, the family of its architecture "
                      f"{config['architectures'][0]}")
         config["model_type"] = model_type = named[0]     # callers then read the family's type from config
-    if model_type not in FAMILIES:
-        known = ", ".join(FAMILIES)
-        what = f"{NOT_YET[model_type]} is not supported yet: " if model_type in NOT_YET else "unsupported "
+    families = registry.families(model_type) if isinstance(model_type, str) else []   # its modules imported
+    if not families:
+        known = ", ".join(registry.model_types())
+        what = f"{registry.NOT_YET[model_type]} is not supported yet: " if model_type in registry.NOT_YET else "unsupported "
         raise UserError(f"{what}model_type {model_type!r} in {path / 'config.json'} (supported: {known})")
-    families = FAMILIES[model_type]
     declared = config.get("architectures") or list(families[0][2])
     found = [(c, m, a) for c, m, a in families if set(declared) & set(a)]
     if not found:

@@ -54,7 +54,7 @@ FAMILY_DEFAULTS = {
                                             "cache": "prefix"}),
     # iLLaDA's var_generate (docs/illada.md 3.2): the canvas grows by blocks of 32
     "illada": _ILLADA,
-    "ILLaDAForCausalLM": _ILLADA,        # found by its class name whatever its model_type (models/__init__.py)
+    "ILLaDAForCausalLM": _ILLADA,        # found by its class name whatever its model_type (models/illada.py)
 }
 FAMILY_DEFAULTS["LLaDAMoEModel"] = FAMILY_DEFAULTS["LLaDAMoEModelLM"]
 FAMILY_DEFAULTS["sdar_moe"] = FAMILY_DEFAULTS["sdar"]    # SDAR-30B-A3B decodes as dense SDAR (docs/sdar-moe.md)

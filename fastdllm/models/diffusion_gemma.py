@@ -26,6 +26,7 @@ from .gemma_layers import (
     rope_tables,
 )
 from .kv_cache import CanvasCache, Span
+from .registry import Family
 
 # the text_config keys the forward reads, with transformers' DiffusionGemmaTextConfig defaults
 TEXT_KEYS = dict(vocab_size=262_144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30,
@@ -246,3 +247,8 @@ class _Scalar(nn.Module):
     def __init__(self):
         super().__init__()
         self.register_buffer("layer_scalar", torch.ones(1))
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"diffusion_gemma": Family(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
+                                   ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))}

@@ -7,6 +7,7 @@ positions and `forward_span` widens the span by one slot on the left when needed
 from __future__ import annotations
 
 from .qwen import QwenConfig, QwenLM
+from .registry import Family
 
 
 class DreamConfig(QwenConfig):
@@ -25,3 +26,7 @@ class DreamModel(QwenLM):
     authors_softmax = "logits"      # generation_utils_block: torch.softmax of uncast logits (docs/specs/ranking.md)
     eval_prompt_bos = True          # their eval scripts (add_bos_token=true) put <|beginoftext|> before a
                                     # prompt they do not chat-template; the tokenizer itself adds none
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"Dream": Family(DreamConfig, DreamModel, ("DreamModel",))}

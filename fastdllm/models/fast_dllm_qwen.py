@@ -11,6 +11,7 @@ from __future__ import annotations
 from .attention import Attention
 from .config_guard import Switch
 from .qwen import QwenConfig, QwenLM
+from .registry import Family
 
 
 def full_attention_only(value, raw) -> bool:
@@ -37,3 +38,7 @@ class FastDLLMQwenForCausalLM(QwenLM):
     @property
     def attention(self) -> Attention:
         return Attention("block-causal", int(getattr(self.config, "bd_size", None) or 32))
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"Fast_dLLM_Qwen": Family(FastDLLMQwenConfig, FastDLLMQwenForCausalLM, ("Fast_dLLM_QwenForCausalLM",))}

@@ -6,7 +6,7 @@ position p read at p (no shift), the head tied to the embedding. Mask `<[MASK]>`
 `mask_id=5`; config.json names none).
 
 Unconfirmed (no config.json was read, docs/specs/illada.md 1.1): the model_type, so the family is also
-found by its architecture name (models/__init__.py BY_ARCHITECTURE); rope_theta and rms_norm_eps,
+found by its architecture name (BY_ARCHITECTURE below); rope_theta and rms_norm_eps,
 so a config.json without them is refused rather than filled with a guess."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import ClassVar
 from ..errors import UserError
 from .config_guard import REQUIRED, Switch, number
 from .qwen import QwenConfig, QwenLM
+from .registry import Family
 
 MASK_TOKEN, MASK_ID = "<[MASK]>", 5
 # The model card's sizes (docs/specs/illada.md 1.1), used only where a config.json omits a key.
@@ -107,3 +108,11 @@ def stored_names(folder: Path) -> set[str]:
         return set(json.loads(index.read_text())["weight_map"])
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         return set(f.keys())
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"illada": Family(ILLaDAConfig, ILLaDAForCausalLM, ("ILLaDAForCausalLM",))}
+# iLLaDA's model_type was only ever seen in third-party test doubles ("illada", docs/specs/illada.md 1.1),
+# its class name in loaders that read the real file: the architecture names the family whatever
+# config.json's model_type says (with a note). If the published type differs, serve it here too.
+BY_ARCHITECTURE = {"ILLaDAForCausalLM": "illada"}

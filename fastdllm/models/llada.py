@@ -10,6 +10,7 @@ from .base import DiffusionLM
 from .config_guard import Switch
 from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears, project_values, self_attention, swiglu, take_rows
+from .registry import Family
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -132,3 +133,7 @@ class LLaDAModelLM(DiffusionLM):
     @property
     def output_head(self):
         return getattr(self.model.transformer, "ff_out", None)
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"llada": Family(LLaDAConfig, LLaDAModelLM, ("LLaDAModelLM",))}

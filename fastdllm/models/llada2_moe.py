@@ -24,6 +24,7 @@ from .config_guard import Switch
 from .kv_cache import Span
 from .layers import RMSNorm, loose_span_args, self_attention, take_rows
 from .moe import Routing, SparseMoE, SwiGLU
+from .registry import Family
 
 # config.json keys and the configuration class's defaults (used only where a config omits a key)
 LLADA2_KEYS = dict(vocab_size=30592, hidden_size=1024, intermediate_size=None, num_hidden_layers=24,
@@ -206,3 +207,8 @@ class BailingMoeV2Config(LLaDA2MoeConfig):
         # use_qk_norm: dInfer's class says False, but its modeling applies the norms whatever the key
         # says (the test is commented out): absent means on, as in the checkpoint's own code
         super().__init__(**kwargs)
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"llada2_moe": Family(LLaDA2MoeConfig, LLaDA2MoeModelLM, ("LLaDA2MoeModelLM",)),
+          "bailing_moe_v2": Family(BailingMoeV2Config, LLaDA2MoeModelLM, ("LLaDA2MoeModelLM",))}

@@ -19,6 +19,7 @@ from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears
 from .moe import Routing, SparseMoE, SwiGLU
 from .qwen import attention_residual
+from .registry import Family
 
 REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts",
             "num_experts_per_tok", "expert_intermediate_size", "moe_layer_freq", "rope_theta", "partial_rotary_factor")
@@ -137,3 +138,7 @@ class LLaDAMoEModelLM(DecoderStack):
         self.head_dim = config.head_dim
         self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)
         self.post_init()
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"llada": Family(LLaDAMoEConfig, LLaDAMoEModelLM, ("LLaDAMoEModelLM", "LLaDAMoEModel"))}

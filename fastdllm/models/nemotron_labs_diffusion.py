@@ -24,6 +24,7 @@ from .config_guard import Switch
 from .kv_cache import CanvasCache, Slots, Span
 from .layers import RMSNorm, at_least_fp32, linear, self_attention, swiglu, take_rows
 from .qwen import QwenDecoderLayer
+from .registry import Family
 
 # the keys the forward and the decoders read, with the 8B's published values (docs §1)
 KEYS = dict(vocab_size=131072, hidden_size=4096, intermediate_size=14336, num_hidden_layers=34,
@@ -233,3 +234,8 @@ class NemotronLabsDiffusionModel(DiffusionLM):
             allowed = allowed & (slot[None, :] <= query)
         allowed = allowed.expand(S, -1)[None, None].expand(cache.positions.shape[0], 1, S, -1)
         return allowed if cache.key_mask is None else allowed & cache.key_mask.to(device)
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"nemotron_labs_diffusion": Family(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel,
+                                                   ("NemotronLabsDiffusionModel",))}

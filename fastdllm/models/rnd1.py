@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from .sdar import SDARConfig
 from .sdar_moe import Qwen3MoeStack, SDARMoeConfig
+from .registry import Family
 
 # The authors' constants (configuration_rnd.py): sizes, used where config.json omits a key.
 RND1_SIZES = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
@@ -50,3 +51,7 @@ class RND1LM(Qwen3MoeStack):
     config_class = RND1Config
     logit_shift = 1                               # Dream's shift: the sampler reads logits at p - 1
     mask_fallback = MASK_ID                       # a config.json without mask_token_id: the authors' default
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"rnd1": Family(RND1Config, RND1LM, ("RND1", "RND1LM"))}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .attention import Attention
 from .config_guard import Switch
 from .qwen import QwenConfig, QwenLM
+from .registry import Family
 
 
 class SDARConfig(QwenConfig):
@@ -37,3 +38,7 @@ class SDARForCausalLM(QwenLM):
     @property
     def attention(self) -> Attention:
         return Attention("block-causal", int(getattr(self.config, "block_size", None) or 4))
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"sdar": Family(SDARConfig, SDARForCausalLM, ("SDARForCausalLM",))}

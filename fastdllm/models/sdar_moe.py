@@ -18,6 +18,7 @@ from .layers import RMSNorm, fuse_linears, loose_span_args
 from .moe import Routing, SparseMoE, SwiGLU
 from .qwen import QwenAttention, attention_residual, head_dim_of
 from .sdar import SDARConfig, SDARForCausalLM
+from .registry import Family
 
 # Used only where a config.json omits the key: the published SDAR-30B-A3B-Chat values for the sizes,
 # Qwen3-MoE's configuration class defaults for the switches (norm_topk_prob False, no dense layers).
@@ -102,3 +103,7 @@ class SDARMoeForCausalLM(Qwen3MoeStack):
     config_class = SDARMoeConfig
     mask_tokens = SDARForCausalLM.mask_tokens                   # no mask_token_id in the published config
     attention = SDARForCausalLM.attention                       # block-causal, block_size or 4
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"sdar_moe": Family(SDARMoeConfig, SDARMoeForCausalLM, ("SDARMoeForCausalLM",))}

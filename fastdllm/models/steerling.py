@@ -24,6 +24,7 @@ from .attention import Attention
 from .base import DiffusionLM
 from .config_guard import Switch
 from .layers import linear
+from .registry import Family
 
 CONCEPT_KEYS = ("n_concepts", "n_unknown_concepts", "concept_dim", "use_attention_known", "use_attention_unknown",
                 "topk_known", "topk_known_features", "unknown_topk", "use_unknown", "apply_topk_to_unknown",
@@ -247,3 +248,7 @@ class SteerlingForCausalLM(DiffusionLM):
             x = blk(x, cos, sin, mask, cache, layer, start)
         h = self.final_norm(x.gather(1, (positions - start)[..., None].expand(-1, -1, x.shape[-1])))
         return self.head(h)                                                  # (B, K, V)
+
+
+# config.json's model_type -> the classes that read it (models/registry.py)
+SERVES = {"steerling": Family(SteerlingConfig, SteerlingForCausalLM, ("SteerlingForCausalLM",))}
