@@ -1,7 +1,7 @@
 """Tensor parallel (docs/specs/tensor-parallel.md): two ranks on gloo commit the same tokens with the
 same NFE as one process in float64, for cache modes none / prefix / dual, under the default decision
 (each rank's (max, argmax, logsumexp)) and under decisions that gather the rows, for LLaDA
-(bidirectional) and SDAR (block-causal); that decision equals the gathered-rows one on the same
+(bidirectional), SDAR (block-causal) and LLaDA-MoE (expert parallel); that decision equals the gathered-rows one on the same
 logits; each refusal is one line."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fastdllm.errors import UsageError
 from fastdllm.models.tensor_parallel import Ranks
 from fastdllm.testing.tensor_parallel import decode_cases, run_ranks
 from fastdllm.testing.tiny_blockdiff import write_sdar
+from fastdllm.testing.tiny_moe import write_llada_moe
 
 BASE = dict(gen_len=32, block_len=8, threshold=0.7)
 # (name, DecodeConfig fields, whether each step decides from the ranks' three numbers)
@@ -35,6 +36,9 @@ CASES += [("dual-fixed-prob", dict(BASE, cache="dual", rule="fixed", steps=16), 
 SDAR = dict(gen_len=16, block_len=4, rule="dynamic", threshold=0.7, early_stop=False)
 SDAR_CASES = [(f"sdar-{cache}-dynamic", dict(SDAR, cache=cache), False) for cache in ("none", "prefix", "dual")]
 SDAR_CASES += [("sdar-prefix-fixed", dict(SDAR, cache="prefix", rule="fixed", steps=8), False)]
+# LLaDA-MoE (its second fixture: a dense layer, a shared expert, the router's bias): experts split by rank
+MOE = dict(gen_len=16, block_len=8, threshold=0.7)
+MOE_CASES = [(f"moe-{cache}-threshold", dict(MOE, cache=cache), False) for cache in ("none", "prefix", "dual")]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,22 @@ def sdar_ranks(sdar_dir, sdar_prompts, tmp_path_factory):
     return run_ranks(sdar_dir, [c for _, c, _ in SDAR_CASES], sdar_prompts, tmp_path_factory.mktemp("tp") / "sdar.json")
 
 
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return write_llada_moe(tmp_path_factory.mktemp("ckpt") / "tiny-llada-moe", num_key_value_heads=2,
+                           shared_expert_intermediate_size=48, moe_layer_freq=[0, 1], moe_router_enable_expert_bias=True)
+
+
+@pytest.fixture(scope="module")
+def moe_prompts():
+    return [prompt_of(11, seed=0, low=10, high=200), prompt_of(6, seed=1, low=10, high=200)]
+
+
+@pytest.fixture(scope="module")
+def moe_ranks(moe_dir, moe_prompts, tmp_path_factory):
+    return run_ranks(moe_dir, [c for _, c, _ in MOE_CASES], moe_prompts, tmp_path_factory.mktemp("tp") / "moe.json")
+
+
 @pytest.mark.slow          # processes: the full suite only (tests/conftest.py)
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[name for name, _, _ in CASES])
 def test_two_ranks_commit_the_tokens_and_nfe_of_one_process(index, two_ranks, llada64, prompts, one_thread):
@@ -77,6 +97,13 @@ def test_two_ranks_commit_the_tokens_and_nfe_of_one_process(index, two_ranks, ll
 @pytest.mark.parametrize("index", range(len(SDAR_CASES)), ids=[name for name, _, _ in SDAR_CASES])
 def test_two_ranks_of_a_block_causal_family_commit_as_one_process(index, sdar_ranks, sdar64, sdar_prompts, one_thread):
     same_as_one_process(SDAR_CASES[index], sdar_ranks, index, sdar64, sdar_prompts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(MOE_CASES)), ids=[name for name, _, _ in MOE_CASES])
+def test_two_ranks_of_an_moe_family_each_with_half_the_experts_commit_as_one_process(index, moe_ranks, moe_dir,
+                                                                                   moe_prompts, one_thread):
+    same_as_one_process(MOE_CASES[index], moe_ranks, index, loading.load(moe_dir, dtype="fp64"), moe_prompts)
 
 
 def same_as_one_process(case, ranks, index, lm, prompts):
@@ -107,7 +134,7 @@ def test_the_ranks_numbers_decide_as_the_gathered_rows(ranks):
 
 def test_a_family_without_a_split_table_is_refused(dream_dir):
     one_line_refusal(lambda: tensor_parallel.load(dream_dir, Ranks(0, 2), dtype="fp64"),
-                     "tensor parallel is built for llada, sdar only; Dream is refused")
+                     "tensor parallel is built for LLaDA, SDAR, LLaDA-MoE only; DreamModel is refused")
 
 
 def test_heads_that_do_not_split_over_the_ranks_are_refused(llada_dir):
@@ -147,3 +174,17 @@ def test_generate_tp_2_prints_the_answer_of_one_process(llada_dir):
     two = json.loads(out.stdout)            # rank 0 alone prints: one JSON object
     assert (two["ids"], two["nfe"]) == (one["ids"], one["nfe"])
     assert two["model"]["tensor_parallel"] == {"rank": 0, "ranks": 2}
+
+
+def test_a_rank_holds_its_heads_its_mlp_rows_and_its_experts_only(moe_dir):
+    from fastdllm.models.tensor_parallel import Elsewhere, SplitHead
+
+    lm = tensor_parallel.load(moe_dir, Ranks(1, 2), dtype="fp64")      # loading needs no collective
+    dense, sparse = lm.model.blocks
+    experts = sparse.mlp.experts
+    assert [isinstance(e, Elsewhere) for e in experts] == [True] * 4 + [False] * 4
+    assert (dense.n_heads, dense.n_kv_heads, lm.model.n_kv_heads) == (2, 1, 1)
+    assert dense.self_attn.q_proj.weight.shape == (2 * 16 + 2 * 1 * 16, 64)      # fused q, k, v of 2 + 1 + 1 heads
+    assert dense.mlp.down_proj.weight.shape == (64, 48) and sparse.shared_expert.down_proj.weight.shape == (64, 24)
+    head = lm.model.output_head
+    assert isinstance(head, SplitHead) and head.offset == head.vocab // 2 and head.weight.shape[0] == head.vocab // 2

@@ -45,7 +45,7 @@ def load(path: str | Path, ranks: Ranks, *, dtype: str = "auto", device: str = "
     config, model_cls, notes = family_of(raw, path)
     if source_of(path) is not None:
         raise UserError(f"--tp {ranks.size}: a GGUF file loads whole on one device (tensor parallel reads safetensors)")
-    if problem := refusal(raw["model_type"], config, ranks.size):
+    if problem := refusal(model_cls, config, ranks.size):
         raise UserError(problem)
     _check_weights(path)
     torch_dtype = torch_placement(dtype, device)[0]
@@ -53,13 +53,13 @@ def load(path: str | Path, ranks: Ranks, *, dtype: str = "auto", device: str = "
     from safetensors import SafetensorError, safe_open
 
     try:
-        model = build(model_cls, config, raw["model_type"])
+        model = build(model_cls, config)
         with ExitStack() as files:
             tensors = {}
             for file in _weight_files(path):
                 f = files.enter_context(safe_open(str(file), framework="pt", device="cpu"))
                 tensors.update({name: f.get_slice(name) for name in f.keys()})
-            shard(model, raw["model_type"], config, tensors, ranks, torch_dtype, torch.device(device))
+            shard(model, config, tensors, ranks, torch_dtype, torch.device(device))
         model.eval().prepare_for_inference(pack=False)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise UserError(f"cannot load weights from {path}: {str(e).splitlines()[0]}") from e

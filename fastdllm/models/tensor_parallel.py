@@ -5,8 +5,10 @@ the blocks' head counts shrink to this rank's heads, the outputs of the column-s
 (o_proj, down) are summed over the ranks, and the vocabulary head is split by rows (SplitHead).
 The model code does not change.
 
-A family is here when its table is: the split of each block linear, the path of its vocabulary head
-and the config keys of its head, KV-head and MLP counts."""
+A family is here when its table is (`LAYOUTS`, by model class): the split of each block linear, the
+path of its vocabulary head, the config keys of its head, KV-head and MLP counts, and for an MoE
+family where its experts live. Expert parallel: rank r holds experts [rE/N, (r+1)E/N) whole (the
+others are `Elsewhere`), the router whole; the MoE layer's output is summed over the ranks."""
 
 from __future__ import annotations
 
@@ -25,23 +27,32 @@ HEADS_IN, MLP_IN = "heads_in", "mlp_in"                        # input columns o
 
 @dataclass(frozen=True)
 class Layout:
+    name: str                   # for messages
     linears: dict[str, str]     # a block linear's name inside its block -> its split
     head: str                   # the vocabulary head's module path (made when the family ties it)
-    heads: str                  # config keys: attention heads, KV heads, MLP hidden size
+    heads: str                  # config keys: attention heads, KV heads, the MLP sizes split (None: absent)
     kv_heads: str
-    mlp: str
-    tied: str = "weight_tying"  # the config key saying the head is the input embedding
+    mlp: tuple[str, ...]
+    tied: str = "tie_word_embeddings"   # the config key saying the head is the input embedding
+    experts: str | None = None          # an MoE block's expert list inside the block (its parent: the summed layer)
+    expert_count: str | None = None     # the config key of the expert count
 
 
 QWEN = {"self_attn.q_proj": HEADS, "self_attn.k_proj": KV_HEADS, "self_attn.v_proj": KV_HEADS,
         "self_attn.o_proj": HEADS_IN, "mlp.gate_proj": MLP, "mlp.up_proj": MLP, "mlp.down_proj": MLP_IN}
+SHARED = {"shared_expert.gate_proj": MLP, "shared_expert.up_proj": MLP, "shared_expert.down_proj": MLP_IN}
+# Qwen3's and LLaDA-MoE's per-head q_norm / k_norm stay whole on every rank (they read one head at a time)
 LAYOUTS = {
-    "llada": Layout({"q_proj": HEADS, "k_proj": KV_HEADS, "v_proj": KV_HEADS, "attn_out": HEADS_IN,
-                     "ff_proj": MLP, "up_proj": MLP, "ff_out": MLP_IN},
-                    head="model.transformer.ff_out", heads="n_heads", kv_heads="n_kv_heads", mlp="mlp_hidden_size"),
-    # Qwen3's per-head q_norm / k_norm stay whole on every rank (they read one head at a time)
-    "sdar": Layout(QWEN, head="lm_head", heads="num_attention_heads", kv_heads="num_key_value_heads",
-                   mlp="intermediate_size", tied="tie_word_embeddings"),
+    "LLaDAModelLM": Layout("LLaDA", {"q_proj": HEADS, "k_proj": KV_HEADS, "v_proj": KV_HEADS, "attn_out": HEADS_IN,
+                                     "ff_proj": MLP, "up_proj": MLP, "ff_out": MLP_IN},
+                           head="model.transformer.ff_out", heads="n_heads", kv_heads="n_kv_heads",
+                           mlp=("mlp_hidden_size",), tied="weight_tying"),
+    "SDARForCausalLM": Layout("SDAR", QWEN, head="lm_head", heads="num_attention_heads",
+                              kv_heads="num_key_value_heads", mlp=("intermediate_size",)),
+    "LLaDAMoEModelLM": Layout("LLaDA-MoE", QWEN | SHARED, head="lm_head", heads="num_attention_heads",
+                              kv_heads="num_key_value_heads",
+                              mlp=("dense_intermediate_size", "shared_expert_intermediate_size"),
+                              experts="mlp.experts", expert_count="num_experts"),
 }
 
 
@@ -73,15 +84,17 @@ class Ranks:
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
 
 
-def refusal(model_type: str, config, size: int) -> str | None:
+def refusal(model_cls, config, size: int) -> str | None:
     """Why `size` ranks cannot split this family's model (one line), else None; read before loading."""
-    layout = LAYOUTS.get(model_type)
+    layout = LAYOUTS.get(model_cls.__name__)
     if layout is None:
-        return (f"--tp {size}: tensor parallel is built for {', '.join(sorted(LAYOUTS))} only; "
-                f"{model_type} is refused (docs/specs/tensor-parallel.md)")
-    for key, what in ((layout.kv_heads, "KV heads"), (layout.heads, "attention heads"), (layout.mlp, "MLP size")):
-        n = getattr(config, key)
-        if n % size:
+        return (f"--tp {size}: tensor parallel is built for {', '.join(l.name for l in LAYOUTS.values())} only; "
+                f"{model_cls.__name__} is refused (docs/specs/tensor-parallel.md)")
+    counts = ((layout.kv_heads, "KV heads"), (layout.heads, "attention heads"),
+              *((key, "MLP size") for key in layout.mlp), (layout.expert_count, "experts"))
+    for key, what in counts:
+        n = getattr(config, key) if key else None
+        if n is not None and n % size:
             return f"--tp {size}: {n} {what} ({key}) do not split over {size} ranks"
     return None
 
@@ -125,7 +138,14 @@ def local_rows(head: SplitHead):
         head.local = False
 
 
-def build(model_cls, config, model_type: str) -> nn.Module:
+class Elsewhere(nn.Module):
+    """An expert another rank holds: it adds nothing here (that rank's share of the sum has it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(x.shape)
+
+
+def build(model_cls, config) -> nn.Module:
     """The family's model at the published shape, on the meta device (no memory). Our modules compute
     attention themselves: a config's attn_implementation (SDAR's name flex_attention) is not transformers'."""
     config._attn_implementation = "eager"
@@ -134,17 +154,18 @@ def build(model_cls, config, model_type: str) -> nn.Module:
     return model
 
 
-def shard(model: nn.Module, model_type: str, config, tensors, ranks: Ranks, dtype: torch.dtype,
-          device: torch.device) -> None:
+def shard(model: nn.Module, config, tensors, ranks: Ranks, dtype: torch.dtype, device: torch.device) -> None:
     """Fill the meta model with this rank's slices. `tensors`: name -> a safetensors slice (get_slice),
     for every checkpoint tensor. Block linears split by the table; their head counts shrink; the
-    column-split ones sum over the ranks; the vocabulary head becomes a SplitHead."""
-    layout = LAYOUTS[model_type]
-    heads, kv_heads, mlp = (getattr(config, k) for k in (layout.heads, layout.kv_heads, layout.mlp))
-    head_dim = model.head_dim
-    ranges = {HEADS: _scaled(ranks.share(heads), head_dim), KV_HEADS: _scaled(ranks.share(kv_heads), head_dim),
-              MLP: ranks.share(mlp)}
-    ranges[HEADS_IN], ranges[MLP_IN] = ranges[HEADS], ranges[MLP]
+    column-split ones sum over the ranks; experts held elsewhere leave; the vocabulary head becomes a
+    SplitHead."""
+    layout = LAYOUTS[type(model).__name__]
+    heads, kv_heads = getattr(config, layout.heads), getattr(config, layout.kv_heads)
+    ranges = {HEADS: _scaled(ranks.share(heads), model.head_dim), KV_HEADS: _scaled(ranks.share(kv_heads), model.head_dim)}
+    ranges[HEADS_IN] = ranges[HEADS]
+    if layout.experts:
+        _place_experts(model, layout.experts, ranks)
+    keep32 = getattr(model, "_keep_in_fp32_modules_strict", None) or () if dtype in (torch.bfloat16, torch.float16) else ()
     pattern = re.compile(r"\.\d+\.(" + "|".join(map(re.escape, layout.linears)) + r")$")     # blocks.N.<name>
     head_path = layout.head
     for name, module in list(model.named_modules()):
@@ -156,10 +177,15 @@ def shard(model: nn.Module, model_type: str, config, tensors, ranks: Ranks, dtyp
             if full not in tensors:
                 raise ValueError(f"tensor parallel: {full} is not in the checkpoint")
             t = _read(tensors[full], split if pname == "weight" or split in (HEADS, KV_HEADS, MLP) else None,
-                      ranges.get(split))
+                      ranges, ranks)
             if split in (HEADS_IN, MLP_IN) and pname == "bias" and ranks.rank:
                 t = torch.zeros_like(t)                     # a summed output's bias is added once (rank 0)
             setattr(module, pname, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
+        for bname, _ in list(module.named_buffers(recurse=False)):      # whole (LLaDA-MoE's expert_bias)
+            full = f"{name}.{bname}" if name else bname
+            if full in tensors:
+                wanted = torch.float32 if any(k in full for k in keep32) else dtype
+                setattr(module, bname, tensors[full][:].to(device=device, dtype=wanted))
         if split in (HEADS_IN, MLP_IN):
             module.register_forward_hook(lambda _m, _args, out: ranks.all_reduce(out))
     for block in model.blocks:
@@ -187,10 +213,28 @@ def _scaled(r: tuple[int, int], k: int) -> tuple[int, int]:
     return r[0] * k, r[1] * k
 
 
-def _read(tensor_slice, split: str | None, rng: tuple[int, int] | None) -> torch.Tensor:
-    """This rank's part of one checkpoint tensor: rows or columns of `rng`, or all of it."""
-    if split in (HEADS, KV_HEADS, MLP):
-        return tensor_slice[rng[0]:rng[1]]
-    if split in (HEADS_IN, MLP_IN):
-        return tensor_slice[:, rng[0]:rng[1]]
+def _place_experts(model, path: str, ranks: Ranks) -> None:
+    """In every MoE block, experts outside this rank's range leave (Elsewhere); the layer holding them sums."""
+    for block in model.blocks:
+        try:
+            experts = block.get_submodule(path)
+        except AttributeError:                                  # a dense layer (moe_layer_freq 0)
+            continue
+        a, b = ranks.share(len(experts))
+        for j in [*range(a), *range(b, len(experts))]:
+            experts[j] = Elsewhere()
+        block.get_submodule(path.rpartition(".")[0]).register_forward_hook(lambda _m, _a, out: ranks.all_reduce(out))
+
+
+def _read(tensor_slice, split: str | None, ranges: dict, ranks: Ranks) -> torch.Tensor:
+    """This rank's part of one checkpoint tensor: rows or columns of its range, or all of it. An MLP's
+    range is this rank's share of the tensor's own size (gate/up rows, down columns: the same sizes)."""
+    if split == MLP:
+        return tensor_slice[slice(*ranks.share(tensor_slice.get_shape()[0]))]
+    if split == MLP_IN:
+        return tensor_slice[:, slice(*ranks.share(tensor_slice.get_shape()[1]))]
+    if split in (HEADS, KV_HEADS):
+        return tensor_slice[slice(*ranges[split])]
+    if split == HEADS_IN:
+        return tensor_slice[:, slice(*ranges[split])]
     return tensor_slice[:]
