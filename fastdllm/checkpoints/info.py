@@ -10,13 +10,31 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from ..decode.family_defaults import default_profile, variant
+from ..decode.family_defaults import default_profile
 from ..errors import UserError
 from .family import family_of, read_config
 from .gguf_folder import source_of
 from .specials import load_tokenizer, special_tokens
 
 BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1}
+
+
+def variant(config: dict) -> str | None:
+    """What config.json switches on beyond its family's name: LLaDA2.2's block routing
+    (`expert_capacity`) and its insert/delete edit tokens (docs/specs/llada2-2.md); iLLaDA, named for
+    what it is (docs/specs/illada.md 7.6)."""
+    profile = default_profile(config)
+    if profile == "illada":
+        return "iLLaDA (LLaDA's successor: Llama layout, GQA, tied head, variable-length decoding)"
+    if profile not in ("llada2", "llada2.2"):
+        return None
+    found = []
+    if (capacity := config.get("expert_capacity")) is not None:
+        found.append(f"block routing ({capacity} of {config.get('num_experts')} experts per block of "
+                     f"{config.get('block_size') or 32})")
+    if config.get("delete_token_id") is not None and config.get("split_token_id") is not None:
+        found.append(f"insert/delete editing (DELETE id {config['delete_token_id']}, SPLIT id {config['split_token_id']})")
+    return f"LLaDA2.2: {', '.join(found)}" if found else None
 
 
 def shard_files(path: Path) -> list[Path]:

@@ -2,7 +2,14 @@
 where one model_type names several families (`llada`: LLaDA-8B and LLaDA-MoE). Torch-free: profile
 resolution reads it. They form the "model-family defaults" layer (below profiles, environment and
 flags), and name the profile used when none is given: block-diffusion families are trained for
-their own block size and decode by their authors' rules, so the generic default would not fit."""
+their own block size and decode by their authors' rules, so the generic default would not fit.
+
+What is here is read from config.json (and generation_config.json: block sizes, step counts,
+DiffusionGemma's sampler, LLaDA2.2's edit tokens), or is the rule and cache a family decodes by
+whatever profile is named (SDAR under `-P credit` keeps blocks of 4, the dynamic rule and the
+prefix cache): that layer sits below every profile, so it cannot live in the family's profile
+without changing what other profiles resolve to. Anything else about a family lives elsewhere
+(`info`'s variant line: checkpoints/info.py)."""
 
 from __future__ import annotations
 
@@ -68,23 +75,6 @@ def _entry(config: dict):
 def decode_defaults(config: dict, generation: dict | None = None) -> dict:
     entry = _entry(config)
     return entry[1](config, generation or {}) if entry else {}
-
-
-def variant(config: dict) -> str | None:
-    """What config.json switches on beyond its family's name (`info` says it): LLaDA2.2's block
-    routing (`expert_capacity`) and its insert/delete edit tokens (docs/llada2-2.md); iLLaDA, named
-    for what it is (docs/illada.md 7.6)."""
-    if _entry(config) is _ILLADA:
-        return "iLLaDA (LLaDA's successor: Llama layout, GQA, tied head, variable-length decoding)"
-    if _entry(config) is not _LLADA2:
-        return None
-    found = []
-    if (capacity := config.get("expert_capacity")) is not None:
-        found.append(f"block routing ({capacity} of {config.get('num_experts')} experts per block of "
-                     f"{config.get('block_size') or 32})")
-    if config.get("delete_token_id") is not None and config.get("split_token_id") is not None:
-        found.append(f"insert/delete editing (DELETE id {config['delete_token_id']}, SPLIT id {config['split_token_id']})")
-    return f"LLaDA2.2: {', '.join(found)}" if found else None
 
 
 def default_profile(config: dict) -> str:
