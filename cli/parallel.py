@@ -61,6 +61,7 @@ def tensor_parallel(tp: int, placement: dict):
     from fastdllm.eval import distributed
     from fastdllm.models.tensor_parallel import Ranks
 
+    quiet_followers()                             # a mistake below is rank 0's to say, once
     cuda = torch.cuda.is_available() and placement["device"] != "cpu"
     world = distributed.from_env("cpu:gloo,cuda:nccl" if cuda else "gloo")
     if world.size != tp:
