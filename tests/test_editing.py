@@ -19,7 +19,7 @@ from mask_heavy import heavy_copy, max_mask_probability
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_moe import write_llada2_moe
 from fastdllm.decode.config import ConfigError, DecodeConfig
-from fastdllm.decode.editing import refuse_editing
+from fastdllm.decode.combinations import refuse_family
 from fastdllm.decode.engine import run
 from fastdllm.decode.events import StepEvent
 from fastdllm.errors import UserError
@@ -161,9 +161,9 @@ def test_refusals(models, llada64):
     with pytest.raises(UserError, match="attends bidirectionally") as e:
         run(llada64.decoder, [[5, 6, 7]], DecodeConfig(gen_len=32, edit_threshold=0.5))
     assert "\n" not in str(e.value)
-    shifted = SimpleNamespace(name="tiny-v2", model=SimpleNamespace(logit_shift=1))
+    shifted = SimpleNamespace(logit_shift=1, sampler="mask", attention=SimpleNamespace(kind="block-causal", causal=True))
     with pytest.raises(UserError, match="from the one before it"):
-        refuse_editing(shifted, causal=True)
+        refuse_family(shifted, "tiny-v2", "edit_threshold", UserError)
 
 
 def test_view_shows_an_edit_in_its_own_colour():

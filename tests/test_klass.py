@@ -128,10 +128,10 @@ def test_config_refusals_are_one_line(values, words):
 
 
 def test_other_steppers_are_refused_by_name():
-    causal = SimpleNamespace(name="SDAR", model=SimpleNamespace(sampler="mask", attention=SimpleNamespace(kind="block-causal")))
+    causal = SimpleNamespace(name="SDAR", model=SimpleNamespace(sampler="mask", attention=SimpleNamespace(kind="block-causal", causal=True)))
     with pytest.raises(UserError, match="SDAR is block-causal"):
         refuse(causal, klass())
-    gemma = SimpleNamespace(name="DiffusionGemma", model=SimpleNamespace(sampler="renoise"))
+    gemma = SimpleNamespace(name="DiffusionGemma", model=SimpleNamespace(sampler="renoise", attention=SimpleNamespace(kind="bidirectional", causal=False)))
     with pytest.raises(UserError, match="DiffusionGemma decodes with its own renoise stepper"):
         refuse(gemma, klass())
 

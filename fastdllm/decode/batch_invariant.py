@@ -23,16 +23,17 @@ from ..errors import UserError
 from ..models.kv_cache import CanvasCache
 
 
-def make_batch_invariant(forward, cfg, valid: torch.Tensor, causal: bool, name: str) -> None:
+def make_batch_invariant(forward, cfg, valid: torch.Tensor, name: str) -> None:
     """Set a batch's SpanForward (graphs.py) to run row by row on each row's own slots, with logits
     at every block position; refuse (one line) what the mode does not cover."""
-    refuse_unsupported(cfg, causal, name)
+    refuse_unsupported(cfg, name)
     forward.row_extents, forward.full_block = row_extents(valid), True
 
 
-def refuse_unsupported(cfg, causal: bool, name: str) -> None:
-    """One line naming what the mode does not cover (each would make a row's forward batch-dependent)."""
-    problems = [("block-causal attention", causal), (f"cache {cfg.cache}", cfg.cache not in ("none", "prefix", "dual")),
+def refuse_unsupported(cfg, name: str) -> None:
+    """One line naming what the mode does not cover (each would make a row's forward batch-dependent;
+    block-causal families are refused in combinations.FAMILY)."""
+    problems = [(f"cache {cfg.cache}", cfg.cache not in ("none", "prefix", "dual")),
                 ("dpad_window", bool(cfg.dpad_window)), ("rule klass", cfg.rule == "klass"), ("prophet", cfg.prophet),
                 ("variable_length", cfg.variable_length)]
     for what, present in problems:

@@ -6,8 +6,11 @@ one function (`refuse_pairs`) that names the conflict in one line:
 Each method's rows are tried in the table's order, at the point of its checks where the caller
 asks (config.DecodeConfig.__post_init__'s per-method checks; the mask loop for structured output),
 so that of several conflicts the same one is named first as before. A row's names may hold
-{cache}, {mode} and {rule}, filled from the config. Refusals that are not a pair of settings (a
-rule's needs, a family's attention, a value out of range) stay with the code they guard.
+{cache}, {mode} and {rule}, filled from the config.
+
+A second table (FAMILY) holds a method against what a family is, read from the model class's
+declared contract (models/base.py): `refuse_family` names the first that applies. Refusals that are
+neither (a rule's needs, a value out of range, the task's shape) stay with the code they guard.
 """
 
 from __future__ import annotations
@@ -83,3 +86,44 @@ def refuse_pairs(cfg, method: str, error: type[Exception]) -> None:
     for row, on, other, why in PAIRS:
         if row == method and on(cfg):
             raise error(f"{HEADS[method].format(**names)} not combined with {other.format(**names)} ({why})")
+
+
+FOCUS_FAMILIES = "SDAR, TraDo, LLaDA2.0/2.1"
+FAMILY = (
+    # method            whether this model refuses it                 the line ({name}, {sampler}, {kind} filled)
+    ("focus_alpha",     lambda m: m.sampler != "mask",               "focus_alpha: {name}'s decoder is not the mask loop; FOCUS "
+                                                                     "drops masked tokens of a block"),
+    ("focus_alpha",     lambda m: not m.attention.causal,            "focus_alpha: FOCUS drops tokens inside a block of a block-"
+                                                                     "causal model (SDAR, TraDo, LLaDA2.x); {name} attends {kind}"),
+    ("focus_alpha",     lambda m: m.logit_shift,                     "focus_alpha: {name} predicts each position from the slot "
+                                                                     "before it; FOCUS keeps masked slots that predict themselves "
+                                                                     f"({FOCUS_FAMILIES})"),
+    ("focus_alpha",     lambda m: m.routing_block,                   "focus_alpha: {name} picks a routing block's experts from all "
+                                                                     "its tokens (LLaDA2.2's block routing); dropping tokens would "
+                                                                     "change the routes"),
+    ("focus_alpha",     lambda m: len(m.blocks) < 2,                 "focus_alpha: FOCUS reads layers 0 and 1; {name} has one layer"),
+    ("klass",           lambda m: m.sampler != "mask",               "rule klass: {name} decodes with its own {sampler} stepper; "
+                                                                     "KLASS is built for mask decoding of bidirectional models "
+                                                                     "(LLaDA, Dream)"),
+    ("klass",           lambda m: m.attention.causal,                "rule klass: {name} is block-causal; KLASS is built for "
+                                                                     "bidirectional models (LLaDA, Dream), whose every step may "
+                                                                     "read the next block"),
+    ("edit_threshold",  lambda m: not m.attention.causal,            "{name} attends bidirectionally: an edit would change what "
+                                                                     "every earlier block saw; token editing needs block-causal "
+                                                                     "attention (LLaDA2.x)"),
+    ("edit_threshold",  lambda m: m.logit_shift,                     "{name} predicts each token from the one before it; token "
+                                                                     "editing needs a family that predicts each position from "
+                                                                     "itself (LLaDA2.x)"),
+    ("dpad",            lambda m: m.attention.causal,                "dpad drops attention to the masked suffix; {name} attends "
+                                                                     "block-causally and never sees it"),
+    ("batch_invariant", lambda m: m.attention.causal,                "batch_invariant: not implemented with block-causal attention "
+                                                                     "({name}); it covers bidirectional models with cache none, "
+                                                                     "prefix or dual"),
+)
+
+
+def refuse_family(model, name: str, method: str, error: type[Exception]) -> None:
+    """Raise `error` with the first line of FAMILY by which `model` (a DiffusionLM) refuses `method`."""
+    for row, refuses, line in FAMILY:
+        if row == method and refuses(model):
+            raise error(line.format(name=name, sampler=model.sampler, kind=model.attention.kind))

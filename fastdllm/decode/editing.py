@@ -22,21 +22,10 @@ import torch
 from ..errors import UserError
 
 
-def refuse_editing(decoder, causal: bool) -> None:
-    """One-line refusals of families whose decoding editing cannot join (see the docs, 'Where')."""
-    name = decoder.name
-    if not causal:
-        raise UserError(f"{name} attends bidirectionally: an edit would change what every earlier block saw; token "
-                        f"editing needs block-causal attention (LLaDA2.x)")
-    if decoder.model.logit_shift:
-        raise UserError(f"{name} predicts each token from the one before it; token editing needs a family that "
-                        f"predicts each position from itself (LLaDA2.x)")
-
-
 def refuse_partial_routing(decoder, cfg) -> None:
     """LLaDA2.2's block routing (docs/specs/llada2-2.md §2.2) routes whole 32-position blocks: a forward
     of part of one (a decoding block that does not tile them, a sub-block span) is refused."""
-    block = getattr(decoder.model.config, "routing_block", None)
+    block = decoder.model.routing_block
     if not block:
         return
     if cfg.block_len % block:

@@ -19,25 +19,13 @@ import torch
 from ..errors import UserError
 from ..models.kv_cache import Slots
 from ..models.layers import rotary_tables
+from .combinations import refuse_family
 from .selection import authors_dtype, predict, select
 
 
 def refuse(decoder) -> None:
-    """One line for a model FOCUS does not apply to (the settings' refusals are in config.py)."""
-    model, name = decoder.model, decoder.name
-    if getattr(model, "sampler", "mask") != "mask":
-        raise UserError(f"focus_alpha: {name}'s decoder is not the mask loop; FOCUS drops masked tokens of a block")
-    if model.attention.kind != "block-causal":
-        raise UserError(f"focus_alpha: FOCUS drops tokens inside a block of a block-causal model (SDAR, TraDo, "
-                        f"LLaDA2.x); {name} attends {model.attention.kind}")
-    if model.logit_shift:
-        raise UserError(f"focus_alpha: {name} predicts each position from the slot before it; FOCUS keeps masked "
-                        f"slots that predict themselves (SDAR, TraDo, LLaDA2.0/2.1)")
-    if any(getattr(block, "routing_block", None) for block in model.blocks):
-        raise UserError(f"focus_alpha: {name} picks a routing block's experts from all its tokens (LLaDA2.2's block "
-                        f"routing); dropping tokens would change the routes")
-    if len(model.blocks) < 2:
-        raise UserError(f"focus_alpha: FOCUS reads layers 0 and 1; {name} has one layer")
+    """One line for a model FOCUS does not apply to (combinations.FAMILY; the settings' refusals are in config.py)."""
+    refuse_family(decoder.model, decoder.name, "focus_alpha", UserError)
 
 
 def importance(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
+from .combinations import refuse_family
 
 EPS = 1e-12                    # theirs: log(p + eps) on both sides
 READY = 2.0                    # added to a ready candidate's confidence (at most 1): the ready rank first
@@ -41,14 +42,8 @@ def ready_count(sorted_key, scheduled):
 
 
 def refuse(decoder, cfg) -> None:
-    """KLASS is built for the bidirectional mask loop (LLaDA, Dream); refuse the other steppers by name."""
-    sampler = decoder.model.sampler
-    if sampler != "mask":
-        raise UserError(f"rule klass: {decoder.name} decodes with its own {sampler} stepper; KLASS is built for "
-                        f"mask decoding of bidirectional models (LLaDA, Dream)")
-    if decoder.model.attention.kind == "block-causal":
-        raise UserError(f"rule klass: {decoder.name} is block-causal; KLASS is built for bidirectional models "
-                        f"(LLaDA, Dream), whose every step may read the next block")
+    """KLASS is built for the bidirectional mask loop (LLaDA, Dream): the other families by name (combinations.FAMILY)."""
+    refuse_family(decoder.model, decoder.name, "klass", UserError)
 
 
 class KlassTrace:

@@ -26,13 +26,13 @@ from .accelerators.prophet import ProphetStop
 from .batch_invariant import make_batch_invariant
 from .cache_modes import CACHE_MODES, span_for
 from .canvas import answer_ended, plan_infill
-from .combinations import refuse_pairs
+from .combinations import refuse_family, refuse_pairs
 from .config import DecodeConfig
 from .constraint import Compiled, RowConstraints
 from .credit import CreditTrace
 from .decoder import Decoder
 from .device_step import DeviceStep
-from .editing import BlockRows, refuse_editing, refuse_partial_routing
+from .editing import BlockRows, refuse_partial_routing
 from .events import BlockEvent, Result, StepEvent, answer_ids
 from .focus import Focus
 from .graphs import SpanForward
@@ -66,8 +66,10 @@ class Batch(Stepper):
         if CACHE_MODES[cfg.cache].delayed and self.causal:
             raise UserError(f"cache {cfg.cache} delays caching of decoded tokens under bidirectional attention; "
                             f"{decoder.name}'s finished blocks are already final (use prefix)")
-        if cfg.edit_threshold is not None:
-            refuse_editing(decoder, self.causal)
+        for method, asked in (("edit_threshold", cfg.edit_threshold is not None), ("dpad", bool(cfg.dpad_window)),
+                              ("batch_invariant", cfg.batch_invariant)):
+            if asked:
+                refuse_family(model, decoder.name, method, UserError)       # combinations.FAMILY
         refuse_partial_routing(decoder, cfg)
         if holes is not None:
             if len(prompts) != 1 or gen_lens is not None:
@@ -85,7 +87,7 @@ class Batch(Stepper):
                                      keep_kv=self.causal or CACHE_MODES[cfg.cache].keeps_kv
                                      or bool(cfg.dpad_window or cfg.variable_length))
         # suffix_dropout.py: DPad's kept suffix, laid out in the cache at every block start (spans end at E)
-        self.dpad = cfg.dpad_window and SuffixDropout(cfg, self.canvas, self.cache, decoder.name, self.causal, bool(holes))
+        self.dpad = cfg.dpad_window and SuffixDropout(cfg, self.canvas, self.cache, bool(holes))
         # growing.py: variable_length, nothing after the block (spans and keys end at its end)
         self.growing = cfg.variable_length and GrowingCanvas(self.canvas, self.cache, decoder.name, self.causal,
                                                              holes is not None)
@@ -95,7 +97,7 @@ class Batch(Stepper):
         # focus.py: FOCUS's per-block state and its step (the forward keeps a block's likely masks only)
         self.focus = Focus(cfg, decoder, self.forward, self.cache) if cfg.focus_alpha is not None else None
         if cfg.batch_invariant:                     # batch_invariant.py: each row as it is decoded alone
-            make_batch_invariant(self.forward, cfg, self.canvas.valid, self.causal, decoder.name)
+            make_batch_invariant(self.forward, cfg, self.canvas.valid, decoder.name)
         if CACHE_MODES[cfg.cache].features:
             self.cache.features = feature_cache(cfg, self.canvas, holes)
             self.forward.graphs = False     # its layers branch on the host's step count: eager forwards

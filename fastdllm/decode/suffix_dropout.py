@@ -50,10 +50,8 @@ def draw_kept(prob: torch.Tensor, count: int, generator: torch.Generator) -> tor
     return torch.nonzero(u < prob[:count])[:, 0]
 
 
-def refuse(cfg, name: str, causal: bool, infilling: bool) -> None:
-    """One-line refusals where the family or the task decides (the config's own are in config.py)."""
-    if causal:
-        raise UserError(f"dpad drops attention to the masked suffix; {name} attends block-causally and never sees it")
+def refuse(infilling: bool) -> None:
+    """One-line refusal where the task decides (the family's are in combinations.FAMILY, the config's in config.py)."""
     if infilling:
         raise UserError("dpad: the slots after a block hold template text when filling holes; suffix dropout "
                         "needs a masked suffix")
@@ -63,9 +61,8 @@ class SuffixDropout:
     """One batch's kept suffix, redrawn at every block start (`block`), written into the cache's
     positions and key mask in place (fixed addresses: CUDA graphs replay it)."""
 
-    def __init__(self, cfg, canvas, cache, name: str = "this model", causal: bool = False,
-                 infilling: bool = False):
-        refuse(cfg, name, causal, infilling)
+    def __init__(self, cfg, canvas, cache, infilling: bool = False):
+        refuse(infilling)
         self.cfg, self.cache, self.start = cfg, cache, canvas.starts[0]   # bidirectional: one start
         self.prob = keep_profile(cfg)
         self.generator = torch.Generator().manual_seed(cfg.seed)
