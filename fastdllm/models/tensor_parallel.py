@@ -165,7 +165,8 @@ def shard(model: nn.Module, config, tensors, ranks: Ranks, dtype: torch.dtype, d
     ranges[HEADS_IN] = ranges[HEADS]
     if layout.experts:
         _place_experts(model, layout.experts, ranks)
-    keep32 = getattr(model, "_keep_in_fp32_modules_strict", None) or () if dtype in (torch.bfloat16, torch.float16) else ()
+    half = dtype in (torch.bfloat16, torch.float16)        # transformers keeps these in fp32 under a half dtype
+    keep32 = (getattr(model, "_keep_in_fp32_modules_strict", None) or ()) if half else ()
     pattern = re.compile(r"\.\d+\.(" + "|".join(map(re.escape, layout.linears)) + r")$")     # blocks.N.<name>
     head_path = layout.head
     for name, module in list(model.named_modules()):
