@@ -188,3 +188,9 @@ def test_a_rank_holds_its_heads_its_mlp_rows_and_its_experts_only(moe_dir):
     assert dense.mlp.down_proj.weight.shape == (64, 48) and sparse.shared_expert.down_proj.weight.shape == (64, 24)
     head = lm.model.output_head
     assert isinstance(head, SplitHead) and head.offset == head.vocab // 2 and head.weight.shape[0] == head.vocab // 2
+
+
+def test_tp_1_is_the_one_process_path(llada_dir):
+    args = ("generate", "-m", llada_dir, "--dtype", "fp64", "-n", "32", "--json", "def add(a, b):")
+    one, tp1 = (json.loads(invoke(*args, *extra).stdout) for extra in ((), ("--tp", "1")))
+    assert (tp1["ids"], tp1["nfe"]) == (one["ids"], one["nfe"]) and "tensor_parallel" not in tp1["model"]
