@@ -19,7 +19,7 @@ from test_dus import ours
 
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig
-from fastdllm.decode.klass import refuse
+from fastdllm.decode.combinations import refuse_family
 from fastdllm.decode.selection import select
 from fastdllm.errors import UserError
 
@@ -130,10 +130,10 @@ def test_config_refusals_are_one_line(values, words):
 def test_other_steppers_are_refused_by_name():
     causal = SimpleNamespace(name="SDAR", model=SimpleNamespace(sampler="mask", attention=SimpleNamespace(kind="block-causal", causal=True)))
     with pytest.raises(UserError, match="SDAR is block-causal"):
-        refuse(causal, klass())
+        refuse_family(causal.model, causal.name, "klass", UserError)
     gemma = SimpleNamespace(name="DiffusionGemma", model=SimpleNamespace(sampler="renoise", attention=SimpleNamespace(kind="bidirectional", causal=False)))
     with pytest.raises(UserError, match="DiffusionGemma decodes with its own renoise stepper"):
-        refuse(gemma, klass())
+        refuse_family(gemma.model, gemma.name, "klass", UserError)
 
 
 def test_serve_never_replans_a_klass_batch():

@@ -15,12 +15,11 @@ import torch
 
 from ..errors import UserError
 from .cache_modes import CACHE_MODES
+from .combinations import refuse_family
 from .config import DecodeConfig
 from .constraint import Compiled
 from .decoder import Decoder
 from .events import BlockEvent, Event, Result, StepEvent  # noqa: F401  (re-exported: engine's events)
-from .focus import refuse as refuse_focus
-from .klass import refuse as refuse_klass
 from .mask_loop import Batch, infill_canvas, refuse_constrained  # noqa: F401  (re-exported)
 from .split_head import refuse as refuse_split
 
@@ -52,7 +51,7 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
     sampler = decoder.model.sampler
     refuse_split(decoder.model, cfg)            # split_head.py: what tensor parallel does not decode with
     if cfg.focus_alpha is not None:             # focus.py: block-causal mask decoders only
-        refuse_focus(decoder)
+        refuse_family(decoder.model, decoder.name, "focus_alpha", UserError)   # combinations.FAMILY
     if CACHE_MODES[cfg.cache].features and not decoder.model.feature_cache:
         raise UserError(f"cache {cfg.cache}: built for LLaDA and Dream only (their blocks host the feature cache); "
                         f"{decoder.name} is refused")
@@ -67,7 +66,7 @@ def stepper(decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig, gen_l
         raise UserError(f"top_p, repetition_penalty and entropy_sampling belong to Steerling's sampler; "
                         f"{decoder.name} is not a Steerling model")
     if cfg.rule == "klass":
-        refuse_klass(decoder, cfg)
+        refuse_family(decoder.model, decoder.name, "klass", UserError)      # combinations.FAMILY
     if sampler == "seeded":
         from .seeded import SeededBatch, refuse
         from .speculative import SpeculativeBatch

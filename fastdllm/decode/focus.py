@@ -23,11 +23,6 @@ from .combinations import refuse_family
 from .selection import authors_dtype, predict, select
 
 
-def refuse(decoder) -> None:
-    """One line for a model FOCUS does not apply to (combinations.FAMILY; the settings' refusals are in config.py)."""
-    refuse_family(decoder.model, decoder.name, "focus_alpha", UserError)
-
-
 def importance(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """q (B, H, S, D), k (B, H_kv, S, D) after RoPE; rows (B, M) the slots of each row's masked
     positions (canvas order), valid (B, M). -> (B, M) in q's dtype: per key j, the attention its
@@ -80,7 +75,7 @@ class Focus:
     """One batch's FOCUS state in its active block and its step (same returns as step.decode_step)."""
 
     def __init__(self, cfg, decoder, forward, cache):
-        refuse(decoder)
+        refuse_family(decoder.model, decoder.name, "focus_alpha", UserError)   # combinations.FAMILY
         self.cfg, self.model, self.forward, self.cache = cfg, decoder.model, forward, cache
         self.mask = decoder.specials.mask
         self.positions_run = 0.0                    # the last step's forward, for its StepEvent (run_layers)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from .combinations import refuse_family
 
 EPS = 1e-12                    # theirs: log(p + eps) on both sides
 READY = 2.0                    # added to a ready candidate's confidence (at most 1): the ready rank first
@@ -39,11 +38,6 @@ def ready_count(sorted_key, scheduled):
     """(B,) commits: every ready candidate, or where a row has none the schedule's count."""
     ready = (sorted_key >= READY).sum(-1)
     return torch.where(ready > 0, ready, scheduled)
-
-
-def refuse(decoder, cfg) -> None:
-    """KLASS is built for the bidirectional mask loop (LLaDA, Dream): the other families by name (combinations.FAMILY)."""
-    refuse_family(decoder.model, decoder.name, "klass", UserError)
 
 
 class KlassTrace:
