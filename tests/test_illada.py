@@ -131,16 +131,6 @@ def test_the_architecture_name_finds_the_family_whatever_the_model_type(tmp_path
 
 # --- decoding against the authors' algorithm ------------------------------------------------------------
 
-@pytest.mark.parametrize("var", [False, True])
-@pytest.mark.parametrize("gen_len, block_len, per_block", [(32, 8, 8), (32, 8, 3), (24, 8, 2), (16, 16, 5)])
-def test_tokens_and_nfe_equal_the_authors(models, var, gen_len, block_len, per_block):
-    lm, naive = models("main")
-    if gen_len // block_len * per_block > gen_len:
-        pytest.skip("more steps than tokens")
-    result, _ = check(lm, naive, config(gen_len, block_len, per_block, var, early_stop=False))
-    assert result.nfe == gen_len // block_len * per_block            # steps < block_len: k tokens a step
-
-
 def test_the_growing_canvas_decodes_otherwise_than_the_full_one(models):
     lm, _ = models("main")
     on, off = (run(lm.decoder, [PROMPT], config(32, 8, 8, var, early_stop=False)) for var in (True, False))

@@ -1,24 +1,18 @@
-"""fastdllm against an independent transcription of the authors' algorithm (tests/reference.py), on
-the same weights in float64: same tokens at the same positions at every step, same NFE."""
+"""The reference's own switches (its factor quirk) and fp32 decoding against tests/reference.py. The
+float64 step-by-step equality for LLaDA and Dream (every rule, cache mode and confidence measure)
+is the shared runner's (tests/test_exactness.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
-from mask_heavy import max_mask_probability
 from reference import reference_generate
 
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import StepEvent, generate
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
-
-RULES = {
-    "fixed": dict(rule="fixed", steps=16),           # two tokens per step (32 tokens, 16 steps)
-    "threshold": dict(rule="threshold", threshold=0.7),
-    "factor": dict(rule="factor", factor=1.0),
-}
 
 
 def ours(lm, prompt, cfg):
@@ -41,43 +35,6 @@ def theirs(lm, prompt, cfg, **quirks):
         lm, torch.tensor([prompt]), cache=cfg.cache, gen_length=cfg.gen_len, block_length=cfg.block_len,
         steps=cfg.total_steps, mask_id=lm.specials.mask, record=record, **rule, **quirks)
     return [sorted(s) for s in record], canvas[0, len(prompt):], nfe
-
-
-FIXTURES = ["llada64", "dream64", "llada64_heavy_mask", "dream64_heavy_mask"]     # tests/conftest.py
-
-
-@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
-@pytest.mark.parametrize("rule", list(RULES))
-@pytest.mark.parametrize("fixture", FIXTURES)
-def test_step_by_step_equal_to_reference(fixture, cache, rule, request):
-    lm = request.getfixturevalue(fixture)
-    prompt = lm.encode(HEAVY_PROMPT, chat=True)
-    cfg = DecodeConfig(gen_len=32, block_len=8, cache=cache, early_stop=False, **RULES[rule])
-    our_steps, result = ours(lm, prompt, cfg)
-    ref_steps, ref_canvas, ref_nfe = theirs(lm, prompt, cfg)
-    assert result.nfe == ref_nfe
-    assert our_steps == ref_steps
-    assert result.canvas[0].tolist() == ref_canvas.tolist()
-    if rule != "fixed":  # the model is peaked enough that parallel decoding actually happens
-        assert result.nfe < cfg.gen_len
-    if fixture.endswith("heavy_mask"):  # the fixture does not hide the normaliser
-        assert max_mask_probability(lm, prompt + [lm.specials.mask] * cfg.gen_len) > 0.05
-
-
-@pytest.mark.parametrize("measure", ["margin", "neg_entropy"])
-@pytest.mark.parametrize("cache", ["none", "dual"])
-@pytest.mark.parametrize("fixture", ["llada64_heavy_mask", "dream64_heavy_mask"])
-def test_confidence_measures_are_the_authors_over_the_full_softmax(fixture, cache, measure, request):
-    """Dream's topk_margin and entropy (also LLaDA's engine options) on the fixed schedule, with a
-    mask that takes real probability: the same commits as the reference at every step."""
-    lm = request.getfixturevalue(fixture)
-    prompt = lm.encode(HEAVY_PROMPT, chat=True)
-    cfg = DecodeConfig(gen_len=32, block_len=8, cache=cache, rule="fixed", steps=16, confidence=measure,
-                       early_stop=False)
-    our_steps, result = ours(lm, prompt, cfg)
-    ref_steps, ref_canvas, ref_nfe = theirs(lm, prompt, cfg, measure=measure)
-    assert (our_steps, result.nfe) == (ref_steps, ref_nfe)
-    assert result.canvas[0].tolist() == ref_canvas.tolist()
 
 
 def test_reference_factor_quirk_differs_from_paper_rule():
