@@ -29,13 +29,6 @@ from fastdllm.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
 from fastdllm.training import data, mixture, tokenizer, word_problems  # noqa: E402
 
 
-def weights_of(spec: str) -> dict[str, float]:
-    """"gsm_raw:0.7,code_raw:0.3" -> {kind: share}; "mixture" -> the built-in recipe's WEIGHTS."""
-    if spec == "mixture":
-        return dict(mixture.WEIGHTS)
-    return {k: float(v) for k, v in (part.split(":") for part in spec.split(","))}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", default="gsm_raw:1")
@@ -56,7 +49,7 @@ def main() -> None:
     word_problems.NOVEL_SHARE = args.novel_share
     tok = tokenizer.Tokenizer.from_file(args.tokenizer)
     ids = {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
-    weights = weights_of(args.weights)
+    weights = mixture.weights_of(args.weights)
     stream, functions = torch.zeros(4096, dtype=torch.long), []
     if {"stdlib_window", "stdlib_function"} & set(weights):
         texts = [data.read(p) for p in data.corpus_files()[0]]

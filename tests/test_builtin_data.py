@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import re
 
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -253,3 +254,18 @@ def test_the_default_mixture_draws_every_kind_it_weighs_echo_rows_included():
             repeats += p == 0 and n is not None and not specials & set(row[:n])
     assert 4 <= echoes <= 30      # 12% of 128 rows is about 15
     assert 3 <= repeats <= 22     # 8%: about 10
+
+
+def test_a_curriculum_stage_names_its_kinds_and_unknown_kinds_are_refused():
+    assert mixture.weights_of("mixture") == mixture.WEIGHTS
+    assert mixture.weights_of("repeat:0.6, echo:0.4") == {"repeat": 0.6, "echo": 0.4}
+    with pytest.raises(ValueError, match="unknown kinds \\['repet'\\]"):
+        mixture.weights_of("repet:1")
+    tok, ids = _char_tokenizer()
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [], ids, row_lengths=((128, 1.0),),
+                          weights=mixture.weights_of("repeat:1"))
+    tokens, prompt = mix.batch(8, random.Random(7))
+    assert prompt.tolist() == [0] * 8
+    for row in tokens.tolist():                       # each row: n tokens, a newline, the same n tokens
+        n = next(n for n in range(8, 65) if row[:n] == row[n + 1:2 * n + 1])
+        assert tok.decode(row[n:n + 1]) == "\n"

@@ -203,6 +203,16 @@ def held_out_rows(tok, ids: dict[str, int], L: int = 192, n: int = 32) -> tuple[
 
 
 
+def weights_of(spec: str) -> dict[str, float]:
+    """"repeat:0.5,gsm_raw:0.5" -> {kind: share}; "mixture" -> the recipe's WEIGHTS. Unknown kinds are refused."""
+    if spec == "mixture":
+        return dict(WEIGHTS)
+    weights = {k.strip(): float(v) for k, v in (part.split(":") for part in spec.split(","))}
+    if unknown := set(weights) - set(WEIGHTS):
+        raise ValueError(f"mixture_weights: unknown kinds {sorted(unknown)} (known: {', '.join(WEIGHTS)})")
+    return weights
+
+
 def row_lengths(spec: str) -> tuple[tuple[int, float], ...]:
     """"0:0.85,256:0.1,512:0.05" -> ((0, 0.85), (256, 0.1), (512, 0.05)): row length (0: tight), share of batches."""
     return tuple((int(n), float(w)) for n, w in (part.split(":") for part in spec.split(",")))
@@ -216,11 +226,12 @@ class MixtureSource:
         for enc in tok.encode_batch(texts):
             stream.extend(enc.ids + [ids[tokenizer.EOS]])
         functions = [f for text in texts for f in data.functions(text)]
-        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, row_lengths(cfg.row_lengths))
+        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, row_lengths(cfg.row_lengths),
+                               weights_of(cfg.mixture_weights))
         self.cfg, self.tok, self.ids, self.rng = cfg, tok, ids, random.Random(cfg.seed)
 
     def describe(self) -> str:
-        return (f"generated rows {WEIGHTS}, {len(self.mixture.stream):,} stdlib tokens, "
+        return (f"generated rows {self.mixture.weights}, {len(self.mixture.stream):,} stdlib tokens, "
                 f"{len(self.mixture.stdlib_functions):,} stdlib functions")
 
     def batch(self, size: int):
