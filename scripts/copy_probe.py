@@ -7,6 +7,10 @@ digits), which a model that never looks the question up gets right only by chanc
 session's checkpoint (docs/builtin-model-training.md) scored 0.6-0.7 overall and wrote the same
 name whatever the question's was.
 
+Then the plainest lookup, on rows the training's "repeat" kind draws: 24 random ordinary tokens, a
+newline, the same 24 tokens; the second copy's tokens predicted one masked at a time, then all
+masked at once. Nothing but the first copy predicts them: near 0 means no lookup at all.
+
     python scripts/copy_probe.py runs/tiny-llada/export [--problems 24]
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 from pathlib import Path
 
@@ -67,6 +72,29 @@ def probe_model(model, encode, decode, problems: int) -> dict[str, float]:
     return {name: a / max(1, n) for name, (a, n) in hits.items()}
 
 
+def repeat_probe(model, encode, specials: set[int], rows: int = 12, n: int = 24) -> dict[str, float]:
+    """Accuracy on the second copy of `rows` random repeats: one token masked at a time, all masked."""
+    mask, eos = model.config.mask_token_id, model.config.eos_token_id
+    newline, rng, hits = encode("\n"), random.Random(0), {"one masked": 0, "all masked": 0}
+    for _ in range(rows):
+        seq = []
+        while len(seq) < n:
+            t = rng.randrange(model.config.vocab_size)
+            seq += [] if t in specials else [t]
+        row, start = seq + newline + seq + [eos] * 8, n + len(newline)
+        canvas = torch.tensor([row] * (n + 1))
+        for k in range(n):
+            canvas[k, start + k] = mask
+        canvas[n, start:start + n] = mask                       # the last row: the whole copy masked
+        with torch.no_grad():
+            logits = model(canvas).logits
+        one = logits[torch.arange(n), start + torch.arange(n)].argmax(-1)
+        every = logits[n, start:start + n].argmax(-1)
+        hits["one masked"] += int((one == torch.tensor(seq)).sum())
+        hits["all masked"] += int((every == torch.tensor(seq)).sum())
+    return {k: v / (rows * n) for k, v in hits.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -75,6 +103,12 @@ def main() -> None:
     result = probe(args.model_dir, args.problems)
     print(f"leave-one-out accuracy on {args.problems} tiny-gsm answers: all tokens {result['all']:.3f}, "
           f"tokens copied from the question {result['copied']:.3f}")
+    from transformers import AutoTokenizer
+    model = LLaDAModelLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    repeats = repeat_probe(model, lambda text: tok(text, add_special_tokens=False)["input_ids"], set(tok.all_special_ids))
+    print(f"random repeats (24 tokens, 12 rows): second copy one token masked {repeats['one masked']:.3f}, "
+          f"all masked {repeats['all masked']:.3f}")
 
 
 if __name__ == "__main__":
