@@ -6,7 +6,8 @@
     python benchmarks/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
 
 benchmarks/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
-the checkpoint with llama.cpp's own tools, once, into a cache outside the repository.
+the checkpoint with llama.cpp's own tools, once, into a cache outside the repository. Peak RSS: each
+llama.cpp run's; fastdllm's from one more run per row in a process of its own (llamacpp_runs.py).
 
 Which llama.cpp setting is which fastdllm rule (examples/diffusion/diffusion.cpp):
   --diffusion-block-length 32 --diffusion-steps S: blocks of 32 over the canvas *after the prompt*
@@ -54,6 +55,7 @@ import torch
 from llamacpp_runs import (  # benchmarks/llamacpp_runs.py
     cfg_of,
     fastdllm,
+    fastdllm_peaks,
     llama,
     load_fastdllm,
     loadavg,
@@ -65,6 +67,7 @@ from fastdllm import thread_watch
 from fastdllm.models.cpu import bf16_note, capability
 
 PRECISIONS = [("f32", "fp32"), ("bf16", "bf16"), ("q8_0", "int8"), ("q4_0", "int4")]   # llama.cpp, fastdllm
+mb = lambda n: "-" if n is None else f"{n / 2 ** 20:.0f} MiB"            # noqa: E731  a peak RSS
 TEXT = ("Write a short story about a robot who learns to paint. The robot lives in a small town by the sea, "
         "and every morning it walks to the harbour to watch the fishing boats come in. One day it finds a box "
         "of old paints left behind by a sailor, and it begins to wonder what colours the sea would be if it "
@@ -90,9 +93,12 @@ def shape_rows(bins, files, lms, prompt, a, shape: str) -> tuple[list[dict], lis
     blocks = canvas // a.block_len
     rows = []
 
-    def add(tool, setting, precision, run, kind):
+    def add(tool, setting, precision, run, kind, cfg=None):
         rows.append({"shape": shape, "tool": tool, "setting": setting, "precision": precision, "run": run,
-                     "kind": kind, "canvas": canvas})
+                     "kind": kind, "canvas": canvas, **({"cfg": cfg} if cfg else {})})
+
+    def add_fastdllm(setting, fq, cfg, kind):           # its cfg kept for its peak RSS (fastdllm_peaks)
+        add("fastdllm", setting, fq, lambda: fastdllm(lms[fq], prompt, cfg), kind, cfg)
 
     per_block = a.fwd_steps // (a.gen_len // a.block_len)            # fastdllm steps per block
     for lq, fq in PRECISIONS:
@@ -100,8 +106,8 @@ def shape_rows(bins, files, lms, prompt, a, shape: str) -> tuple[list[dict], lis
             add("llama.cpp", f"block {a.block_len}, {per_block}/block, uncached", lq,
                 lambda lq=lq: llama(bins, files[lq], prompt, a, steps=per_block * blocks), "forward")
         if fq in lms:
-            add("fastdllm", f"sequential, {per_block}/block, cache none", fq,
-                lambda fq=fq: fastdllm(lms[fq], prompt, cfg_of(a, "sequential", "none", a.fwd_steps)), "forward")
+            add_fastdllm(f"sequential, {per_block}/block, cache none", fq, cfg_of(a, "sequential", "none", a.fwd_steps),
+                         "forward")
     # end to end, one token per step: llama.cpp's two schedules at every precision it has here
     if a.e2e == "measure":
         for lq, _ in PRECISIONS:
@@ -113,10 +119,8 @@ def shape_rows(bins, files, lms, prompt, a, shape: str) -> tuple[list[dict], lis
     for _, fq in PRECISIONS:
         if fq in lms and fq in a.best_fastdllm:
             if a.uncached_e2e:
-                add("fastdllm", "sequential, 1 token/step, cache none", fq,
-                    lambda fq=fq: fastdllm(lms[fq], prompt, cfg_of(a, "sequential", "none")), "e2e")
-            add("fastdllm", f"threshold {a.threshold:g}, DualCache", fq,
-                lambda fq=fq: fastdllm(lms[fq], prompt, cfg_of(a, "threshold", "dual")), "e2e")
+                add_fastdllm("sequential, 1 token/step, cache none", fq, cfg_of(a, "sequential", "none"), "e2e")
+            add_fastdllm(f"threshold {a.threshold:g}, DualCache", fq, cfg_of(a, "threshold", "dual"), "e2e")
     return rows, notes
 
 
@@ -130,7 +134,8 @@ def project_llama_e2e(results: list[dict], a, blocks: int) -> list[dict]:
         if r["tool"] == "llama.cpp" and r["kind"] == "forward":
             q = r["quiet"]
             secs = q["ms_per_forward"] * forwards / 1000
-            out.append({**{k: r[k] for k in ("shape", "tool", "precision", "canvas")}, "kind": "e2e",
+            keep = ("shape", "tool", "precision", "canvas", "peak_rss_bytes")
+            out.append({**{k: r[k] for k in keep if k in r}, "kind": "e2e",
                         "setting": f"block {a.block_len}, 1 token/step (projected: {forwards} x per forward)",
                         "quiet": {"ms_per_forward": q["ms_per_forward"], "ms_per_forward_spread": "-",
                                   "tokens_per_s": a.gen_len / secs, "tokens_per_s_spread": "-",
@@ -141,14 +146,15 @@ def project_llama_e2e(results: list[dict], a, blocks: int) -> list[dict]:
 # -- table -------------------------------------------------------------------------------------------
 
 def table(results: list[dict], busy: bool) -> str:
-    head = "| shape | tool | setting | precision | canvas | forwards | ms / forward (spread) | tokens/s (spread) |"
+    head = ("| shape | tool | setting | precision | canvas | forwards | ms / forward (spread) | tokens/s (spread) "
+            "| peak RSS |")
     head += " busy slowdown |" if busy else ""
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         q = r["quiet"]
         line = (f"| {r['shape']} | {r['tool']} | {r['setting']} | {r['precision']} | {r['canvas']} | {q['forwards']} | "
                 f"{q['ms_per_forward']:.2f} ({q['ms_per_forward_spread']}) | {q['tokens_per_s']:.1f} "
-                f"({q['tokens_per_s_spread']}) |")
+                f"({q['tokens_per_s_spread']}) | {mb(r.get('peak_rss_bytes'))} |")
         if busy:
             line += f" {r['busy_slowdown']:.2f}x |" if "busy_slowdown" in r else " - |"
         lines.append(line)
@@ -168,7 +174,8 @@ def best_lines(results: list[dict]) -> list[str]:
             L, F = best["llama.cpp"], best["fastdllm"]
             out.append(f"{shape}: best end to end: fastdllm {F['precision']} {F['setting']} "
                        f"{F['quiet']['tokens_per_s']:.1f} tok/s vs llama.cpp {L['precision']} {L['setting']} "
-                       f"{L['quiet']['tokens_per_s']:.2f} tok/s: {F['quiet']['tokens_per_s'] / L['quiet']['tokens_per_s']:.1f}x")
+                       f"{L['quiet']['tokens_per_s']:.2f} tok/s: {F['quiet']['tokens_per_s'] / L['quiet']['tokens_per_s']:.1f}x"
+                       f"; peak RSS {mb(F.get('peak_rss_bytes'))} vs {mb(L.get('peak_rss_bytes'))}")
         fwd = {(r["tool"], r["precision"]): r["quiet"]["ms_per_forward"]
                for r in results if r["shape"] == shape and r["kind"] == "forward"}
         for lq, fq in PRECISIONS:
@@ -263,6 +270,7 @@ def main() -> None:
         print(f"{shape}: equality {eq}", file=sys.stderr, flush=True)
         rows, notes = shape_rows(prep["bins"], files, lms, prompt, a, shape)
         timed(rows, a.reps, a.busy_core if a.busy else None)
+        fastdllm_peaks(rows, files["checkpoint"], prompt, a.threads)
         shape_results = [summary(r, a.gen_len) for r in rows]
         if a.e2e == "project":
             shape_results += project_llama_e2e(shape_results, a, (a.prompt_len + a.gen_len) // a.block_len)

@@ -82,3 +82,20 @@ def test_vs_llamacpp_names_an_unknown_precision_in_one_line():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith(
         "error: --precisions fp32: expected some of f32,bf16,q8_0,q4_0 (or none)")
+
+
+def test_peak_memory_is_each_process_own(bench_path, llada_dir):
+    """vs_llamacpp's peak RSS: llama.cpp's runs through llamacpp_runs.measured (wait4: that child alone,
+    not the largest child so far), fastdllm's from a fresh process that loads and decodes once."""
+    import llamacpp_runs
+
+    from fastdllm.decode.config import DecodeConfig
+
+    grow = "import sys; b = bytearray(int(sys.argv[1])); b[::4096] = b'x' * len(b[::4096]); print('ok')"
+    big = llamacpp_runs.measured([sys.executable, "-c", grow, str(300 * 2 ** 20)])
+    small = llamacpp_runs.measured([sys.executable, "-c", grow, "0"])
+    assert big.returncode == small.returncode == 0 and big.stdout == "ok\n"
+    assert big.peak_rss_bytes > 300 * 2 ** 20 > small.peak_rss_bytes
+    cfg = DecodeConfig(gen_len=8, block_len=8, cache="dual", rule="threshold", threshold=0.9, early_stop=False)
+    peak = llamacpp_runs.fastdllm_peak(llada_dir, "fp32", [5, 6, 7], cfg, threads=1)
+    assert 1 <= peak["forwards"] <= 8 and peak["peak_rss_bytes"] > small.peak_rss_bytes
