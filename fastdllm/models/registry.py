@@ -108,9 +108,15 @@ def all_families() -> dict[str, list[Family]]:
 
 
 def class_named(name: str) -> type | None:
-    """A family's config or model class by name, its module imported; None if no family declares it."""
+    """A family's config or model class by name, its module imported and its model_types registered
+    (a library user's AutoTokenizer then reads the checkpoint's config as ours); None if no family declares it."""
     module = index().classes.get(name)
-    return getattr(importlib.import_module(f"{PACKAGE}.{module}"), name) if module else None
+    if not module:
+        return None
+    loaded = importlib.import_module(f"{PACKAGE}.{module}")
+    for model_type in loaded.SERVES:
+        families(model_type)
+    return getattr(loaded, name)
 
 
 def _register(model_type: str, found: list[Family]) -> None:
