@@ -1,6 +1,8 @@
-"""A GGUF writer for tests: a tiny checkpoint folder written as llama.cpp's converter writes it
-(metadata keys, tensor names, q/k rows permuted, --outtype F32 / F16 / BF16 / Q8_0), and the same
-folder through the gguf package's quantize -> dequantize. Used by tests/test_gguf*.py."""
+"""The GGUF writer for tests: a tiny checkpoint folder written as llama.cpp's converter writes it
+(metadata keys, tensor names, q/k rows permuted where it permutes them, --outtype F32 / F16 / BF16 /
+Q8_0): LLaDA (write_gguf), and the Qwen-layout families on one vocabulary and one tensor path
+(write_qwen_gguf: Dream, RND1; write_llada_moe_gguf); and the same folder through the gguf
+package's quantize -> dequantize. Used by tests/test_gguf*.py."""
 
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def write_gguf(src: Path, out: Path, outtype: str = "F32", arch: str = "llada", 
     if "tokenizer.ggml.tokens" not in skip_keys:
         w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
+    w.add_token_merges(merges_of(src))
     w.add_bos_token_id(added[tok_config["bos_token"]])
     w.add_eos_token_id(added[tok_config["eos_token"]])
     w.add_pad_token_id(added[tok_config["pad_token"]])
@@ -138,23 +140,64 @@ def round_tripped(src: Path, out: Path, qtype: str, keep: tuple[str, ...] = ()) 
     return out
 
 
-# --- LLaDA-MoE: conversion/llada.py LLaDAMoEModel(TextModel) as docs/specs/gguf.md 12 says ---
+# --- the Qwen-layout families: Dream (conversion/dream.py), RND1 (conversion/qwen.py RND1Model) and
+# LLaDA-MoE (conversion/llada.py LLaDAMoEModel), as docs/specs/gguf.md 9 and 12 say: TextModel's keys and
+# the family's own, get_vocab_base's vocabulary, Qwen2/Qwen3-MoE tensor names, no permutation ---
 
-# the published names -> llama.cpp's (gguf-py tensor_mapping.py rows of MODEL_ARCH.LLADA_MOE's tensors),
-# written here independently of fastdllm's table
-MOE_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}
-MOE_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+# the published names -> llama.cpp's (gguf-py tensor_mapping.py rows of the qwen2, qwen3moe and
+# llada-moe architectures), written here independently of fastdllm's table
+QWEN_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+QWEN_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 CONVERTER_MASK = 156895            # LLaDAMoEModel.set_gguf_parameters' add_mask_token_id, whatever the vocabulary
+
+
+def write_qwen_gguf(src: Path, out: Path, arch: str, outtype: str = "F32", *, shift=None, hook=None) -> Path:
+    """Dream or RND1 (`arch`): TextModel.set_gguf_parameters' keys, the family's own (RND1: Qwen2MoeModel's,
+    head_dim as key/value length), the vocabulary, the tensors; diffusion.shift_logits only when `shift` is given."""
+    from fastdllm.checkpoints.specials import load_tokenizer
+
+    c = json.loads((src / "config.json").read_text())
+    tok = load_tokenizer(src)
+    w = gguf.GGUFWriter(out, arch)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    if arch == "rnd1":
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_causal_attention(False)
+    w.add_mask_token_id(c["mask_token_id"])
+    if shift is not None:
+        w.add_diffusion_shift_logits(shift)
+    add_vocab(w, src, tok, c["vocab_size"], "qwen2")
+    vocab = tok.get_vocab()
+    for setter, token in ((w.add_bos_token_id, tok.bos_token), (w.add_eos_token_id, tok.eos_token),
+                          (w.add_pad_token_id, tok.pad_token)):
+        if token is not None:
+            setter(vocab[token])
+    if tok.chat_template:
+        w.add_chat_template(tok.chat_template)
+    add_qwen_tensors(w, src, outtype)
+    return finish(w, out, hook)
 
 
 def write_llada_moe_gguf(src: Path, out: Path, outtype: str = "F32", *, mask_from_tokenizer: bool = True,
                          hook=None) -> Path:
     """TextModel.set_gguf_parameters' keys (those the published config.json has), LLaDAMoEModel's own,
-    the vocabulary as TextModel.get_vocab_base + SpecialVocab write it, then the tensors: experts
-    stacked per layer (E, out, in) like Qwen2MoeModel, the router and 1-D tensors F32."""
+    the vocabulary, SpecialVocab's ids and flags, then the tensors."""
     from fastdllm.checkpoints.specials import load_tokenizer
 
     c = json.loads((src / "config.json").read_text())
@@ -178,20 +221,8 @@ def write_llada_moe_gguf(src: Path, out: Path, outtype: str = "F32", *, mask_fro
     w.add_mask_token_id(CONVERTER_MASK)
     w.add_causal_attention(False)
     w.add_diffusion_shift_logits(False)
-    # get_vocab_base: every id below vocab_size, holes [PADi] UNUSED, added special tokens CONTROL
-    by_id = {i: t for t, i in tok.get_vocab().items()}
-    added = tok.get_added_vocab()
-    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(c["vocab_size"])]
-    types = [gguf.TokenType.UNUSED if i not in by_id else
-             (gguf.TokenType.CONTROL if tok.added_tokens_decoder[i].special else gguf.TokenType.USER_DEFINED)
-             if by_id[i] in added else gguf.TokenType.NORMAL for i in range(c["vocab_size"])]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
+    add_vocab(w, src, tok, c["vocab_size"], "gpt-2")
     # SpecialVocab (after set_gguf_parameters: its mask id, where the tokenizer names one, overwrites 156895)
-    merges = json.loads((src / "tokenizer.json").read_text())["model"]["merges"]
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     specials = [("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("pad", w.add_pad_token_id)]
     for kind, setter in specials + ([("mask", w.add_mask_token_id)] if mask_from_tokenizer else []):
         if (token := tok_config.get(f"{kind}_token")) is not None:
@@ -199,6 +230,37 @@ def write_llada_moe_gguf(src: Path, out: Path, outtype: str = "F32", *, mask_fro
     w.add_add_bos_token(bool(tok_config.get("add_bos_token")))
     w.add_add_eos_token(bool(tok_config.get("add_eos_token")))
     w.add_chat_template(tok_config["chat_template"])
+    add_qwen_tensors(w, src, outtype)
+    return finish(w, out, hook)
+
+
+def add_vocab(w, src: Path, tok, vocab_size: int, pre: str) -> None:
+    """get_vocab_base: every id below vocab_size, holes [PADi] UNUSED, added tokens CONTROL (special) or
+    USER_DEFINED; the BPE merges as SpecialVocab loads them."""
+    by_id = {i: t for t, i in tok.get_vocab().items()}
+    added = tok.get_added_vocab()
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = [gguf.TokenType.UNUSED if i not in by_id else
+             (gguf.TokenType.CONTROL if tok.added_tokens_decoder[i].special else gguf.TokenType.USER_DEFINED)
+             if by_id[i] in added else gguf.TokenType.NORMAL for i in range(vocab_size)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges_of(src))
+
+
+def merges_of(src: Path) -> list[str]:
+    """SpecialVocab's merges: tokenizer.json's, else merges.txt's (its "#version" line left out)."""
+    if (src / "tokenizer.json").exists():
+        merges = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))["model"]["merges"]
+        return [m if isinstance(m, str) else " ".join(m) for m in merges]
+    return [m for m in (src / "merges.txt").read_text(encoding="utf-8").splitlines() if m and not m.startswith("#")]
+
+
+def add_qwen_tensors(w, src: Path, outtype: str) -> None:
+    """The folder's tensors under llama.cpp's names: experts stacked per layer (E, out, in) as Qwen2MoeModel
+    does, after the others; 1-D tensors and the router F32 (prepare_tensors keeps FFN_GATE_INP F32)."""
     experts = {}
     for name, tensor in folder_weights(src).items():
         data = tensor.float().numpy()
@@ -206,14 +268,13 @@ def write_llada_moe_gguf(src: Path, out: Path, outtype: str = "F32", *, mask_fro
             experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = data
             continue
         if m := re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name):
-            new = f"blk.{m.group(1)}.{MOE_BLOCK[m.group(2)]}.{m.group(3)}"
+            new = f"blk.{m.group(1)}.{QWEN_BLOCK[m.group(2)]}.{m.group(3)}"
         else:
-            new = MOE_GLOBAL[name]
-        router = new.endswith("ffn_gate_inp.weight")          # prepare_tensors: FFN_GATE_INP stays F32
+            new = QWEN_GLOBAL[name]
+        router = new.endswith("ffn_gate_inp.weight")
         add_tensor(w, new, data, "F32" if data.ndim == 1 or router else outtype)
     for (layer, which), per in sorted(experts.items()):       # torch.stack over the experts, in order
         add_tensor(w, f"blk.{layer}.ffn_{which}_exps.weight", np.stack([per[e] for e in sorted(per)]), outtype)
-    return finish(w, out, hook)
 
 
 def finish(w, out: Path, hook=None) -> Path:
