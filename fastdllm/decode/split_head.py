@@ -20,7 +20,7 @@ def split_decider(model, cfg, accelerators) -> object | None:
     """The model's split head where this step's decision needs only each rank's (max, argmax, lse), else None."""
     head = split_head(model)
     if head is None or accelerators or cfg.temperature > 0 or cfg.confidence != "prob" \
-            or RULES[cfg.rule].bound is not None or getattr(model, "authors_softmax", "float64") == "logits":
+            or RULES[cfg.rule].bound is not None or model.authors_softmax == "logits":
         return None
     return head
 

@@ -124,7 +124,7 @@ class SplitHead(nn.Module):
 
 def split_head(model) -> SplitHead | None:
     """The model's split vocabulary head under tensor parallel, else None."""
-    head = getattr(model, "output_head", None)
+    head = model.output_head
     return head if isinstance(head, SplitHead) else None
 
 
