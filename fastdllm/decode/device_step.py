@@ -57,7 +57,7 @@ class DeviceStep:
         rule = RULES[cfg.rule]
         return (not causal and cfg.edit_threshold is None and (cfg.sub_block_len or cfg.block_len) >= cfg.block_len
                 and not (rule.bound or rule.whole_canvas or rule.renoise)   # DUS's levels are a bound too
-                and not getattr(cfg, "credit", False))                       # credit.py: host path only
+                and not cfg.credit)                       # credit.py: host path only
 
     def __init__(self, forward: SpanForward, cfg: DecodeConfig, s: int, e: int, mask: int, banned,
                  generator: torch.Generator | None):

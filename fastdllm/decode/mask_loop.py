@@ -102,9 +102,9 @@ class Batch(Stepper):
             self.cache.features = feature_cache(cfg, self.canvas, holes)
             self.forward.graphs = False     # its layers branch on the host's step count: eager forwards
         # credit.py: CreditDecoding's per-block credit, (B, L, V)
-        self.credit = CreditTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) if cfg.credit else None
+        self.credit = CreditTrace(cfg, len(prompts), model.config.vocab_size) if cfg.credit else None
         # klass.py: KLASS's KL history of the active block, (B, L, V), and the next block's look-ahead
-        self.klass = KlassTrace(cfg, len(prompts), getattr(model.config, "vocab_size", None)) \
+        self.klass = KlassTrace(cfg, len(prompts), model.config.vocab_size) \
             if cfg.rule == "klass" else None
         # accelerators/: the methods plugged into the host-planned step, in their hooks' order
         self.accelerators = [a for a in (self.klass and Klass(self.klass), self.prophet and ProphetStop(self.prophet),

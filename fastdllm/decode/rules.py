@@ -215,7 +215,7 @@ def describe(cfg) -> str:
     """The rule of `cfg` with its parameter and the accelerators on it, for headers: 'threshold 0.9',
     'dinfer threshold 0.8 + credit'."""
     rule = RULES[cfg.rule]
-    edits = getattr(cfg, "edit_threshold", None)
+    edits = cfg.edit_threshold
     return (rule.label(rule.value(cfg), cfg.gen_len) + (f", editing > {edits:g}" if edits is not None else "")
             + "".join(f" + {name}" for name in accelerators(cfg)))
 
@@ -223,8 +223,8 @@ def describe(cfg) -> str:
 def accelerators(cfg) -> list[str]:
     """The accelerator options `cfg` turns on (docs/accelerators.md; DUS is a rule and dKV-Cache a
     cache mode, so the header names them already)."""
-    window, alpha = getattr(cfg, "dpad_window", None), getattr(cfg, "focus_alpha", None)
-    return [name for name, on in (("credit", getattr(cfg, "credit", False)), ("prophet", getattr(cfg, "prophet", False)),
+    window, alpha = cfg.dpad_window, cfg.focus_alpha
+    return [name for name, on in (("credit", cfg.credit), ("prophet", cfg.prophet),
                                   (f"dpad {window}", window), (f"focus {alpha:g}" if alpha else "", alpha)) if on]
 
 
@@ -234,7 +234,7 @@ def rule_fields(cfg) -> dict:
     rule = RULES[cfg.rule]
     params = dict.fromkeys(r.param for r in RULES.values() if r.param)
     return {"rule": cfg.rule, **{p: rule.value(cfg) if p == rule.param else None for p in params},
-            "gen_len": cfg.gen_len, "edit_threshold": cfg.edit_threshold, "indel": getattr(cfg, "indel", False)}
+            "gen_len": cfg.gen_len, "edit_threshold": cfg.edit_threshold, "indel": cfg.indel}
 
 
 def rule_text(r: dict) -> str:
