@@ -7,8 +7,8 @@ digits), which a model that never looks the question up gets right only by chanc
 session's checkpoint (docs/builtin-model-training.md) scored 0.6-0.7 overall and wrote the same
 name whatever the question's was.
 
-Then the plainest lookup, on rows the training's "repeat" kind draws: 24 random ordinary tokens, a
-newline, the same 24 tokens; the second copy's tokens predicted one masked at a time, then all
+Then the plainest lookup, on rows the training's "repeat" kind draws: 24 random digits (then 24
+random ordinary tokens), a newline, the same 24 tokens; the second copy's tokens predicted one masked at a time, then all
 masked at once. Nothing but the first copy predicts them: near 0 means no lookup at all.
 
     python scripts/copy_probe.py runs/tiny-llada/export [--problems 24]
@@ -72,15 +72,13 @@ def probe_model(model, encode, decode, problems: int) -> dict[str, float]:
     return {name: a / max(1, n) for name, (a, n) in hits.items()}
 
 
-def repeat_probe(model, encode, specials: set[int], rows: int = 12, n: int = 24) -> dict[str, float]:
-    """Accuracy on the second copy of `rows` random repeats: one token masked at a time, all masked."""
+def repeat_probe(model, encode, alphabet: list[int], rows: int = 12, n: int = 24) -> dict[str, float]:
+    """Accuracy on the second copy of `rows` random repeats of `alphabet`'s tokens: one token masked
+    at a time, all masked."""
     mask, eos = model.config.mask_token_id, model.config.eos_token_id
     newline, rng, hits = encode("\n"), random.Random(0), {"one masked": 0, "all masked": 0}
     for _ in range(rows):
-        seq = []
-        while len(seq) < n:
-            t = rng.randrange(model.config.vocab_size)
-            seq += [] if t in specials else [t]
+        seq = [rng.choice(alphabet) for _ in range(n)]
         row, start = seq + newline + seq + [eos] * 8, n + len(newline)
         canvas = torch.tensor([row] * (n + 1))
         for k in range(n):
@@ -106,9 +104,12 @@ def main() -> None:
     from transformers import AutoTokenizer
     model = LLaDAModelLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(args.model_dir)
-    repeats = repeat_probe(model, lambda text: tok(text, add_special_tokens=False)["input_ids"], set(tok.all_special_ids))
-    print(f"random repeats (24 tokens, 12 rows): second copy one token masked {repeats['one masked']:.3f}, "
-          f"all masked {repeats['all masked']:.3f}")
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]      # noqa: E731
+    for name, size in (("digits", 10), ("any tokens", 0)):
+        alphabet = mixture.repeat_alphabet(tok.backend_tokenizer, set(tok.all_special_ids), size)
+        repeats = repeat_probe(model, encode, alphabet)
+        print(f"random repeats of {name} (24 tokens, 12 rows): second copy one token masked "
+              f"{repeats['one masked']:.3f}, all masked {repeats['all masked']:.3f}")
 
 
 if __name__ == "__main__":

@@ -269,3 +269,21 @@ def test_a_curriculum_stage_names_its_kinds_and_unknown_kinds_are_refused():
     for row in tokens.tolist():                       # each row: n tokens, a newline, the same n tokens
         n = next(n for n in range(8, 65) if row[:n] == row[n + 1:2 * n + 1])
         assert tok.decode(row[n:n + 1]) == "\n"
+
+
+def test_repeat_rows_draw_from_the_digits_a_short_alphabet_or_the_whole_vocabulary():
+    tok, ids = _char_tokenizer()
+    specials = set(ids.values())
+    digits = mixture.repeat_alphabet(tok, specials, 10)
+    assert [tok.decode([i]) for i in digits] == [str(d) for d in range(10)]
+    assert len(mixture.repeat_alphabet(tok, specials, 32)) == 32
+    everything = mixture.repeat_alphabet(tok, specials, 0)
+    assert len(everything) == tok.get_vocab_size() - len(specials) and not specials & set(everything)
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [], ids, row_lengths=((128, 1.0),),
+                          weights=mixture.weights_of("repeat:1"))
+    rng, kinds = random.Random(8), {"digits": 0, "other": 0}
+    for _ in range(4):
+        for row in mix.batch(16, rng)[0].tolist():
+            n = next(n for n in range(8, 65) if row[:n] == row[n + 1:2 * n + 1])
+            kinds["digits" if set(row[:n]) <= set(digits) else "other"] += 1
+    assert 25 <= kinds["digits"] <= 52 and kinds["other"] >= 8     # 60% of 64 rows are digits

@@ -22,10 +22,15 @@ from . import data, function_tasks, tokenizer, word_problems
 # the same text again, the plainest lookup; "repeat": random tokens, then the same tokens again, with
 # no prompt (either copy may be masked): nothing but the other copy predicts a token, the signal
 # that makes a model learn to look a token up (docs/builtin-model-training.md, seventh session).
+# A repeat row draws its tokens from one of REPEAT_ALPHABETS (share, size): the ten digits, the first
+# 32 ordinary ids (punctuation, digits, capitals), or the whole vocabulary: a small model learns to
+# copy from a small alphabet within ~1,000 steps and from 4,096 tokens not in 2,500
+# (scripts/copy_task.py --copy-vocab, eighth session), and digits are what word problems copy.
 # (The third session's "recall" rows, a problem -> its names and numbers, did not move the copy probe
 # and gave way to made-up names: word_problems.NOVEL_SHARE.)
 WEIGHTS = {"gsm_raw": 0.22, "gsm_chat": 0.12, "arith": 0.08, "code_raw": 0.22, "code_chat": 0.08,
            "stdlib_window": 0.04, "stdlib_function": 0.04, "echo": 0.12, "repeat": 0.08}
+REPEAT_ALPHABETS = ((0.6, 10), (0.2, 32), (0.2, 0))   # (share, size); 10: the digits, 0: the whole vocabulary
 UNPROMPTED = ("stdlib_window", "arith", "repeat")      # rows of any length, every token may be masked
 TIGHT_LIMIT = 192        # a tight batch's longest row before its padding
 TIGHT_GROUP = 8          # batches drawn at once and sorted into groups of like lengths
@@ -143,17 +148,24 @@ class Mixture:
         return torch.tensor(ids[:L])
 
     def repeat_row(self, rng: random.Random, L: int) -> torch.Tensor:
-        """n random ordinary tokens (8 <= n <= 64, both copies within L), a newline, the same n
-        tokens, then end-of-text padding to L."""
-        specials = set(self.ids.values())
-        vocab = self.tok.get_vocab_size()
+        """n random tokens of one of REPEAT_ALPHABETS (8 <= n <= 64, both copies within L), a
+        newline, the same n tokens, then end-of-text padding to L."""
+        size = rng.choices([a for _, a in REPEAT_ALPHABETS], [w for w, _ in REPEAT_ALPHABETS])[0]
+        alphabet = repeat_alphabet(self.tok, set(self.ids.values()), size)
         n = rng.randint(8, max(8, min(64, (L - 2) // 2)))
-        seq = []
-        while len(seq) < n:
-            t = rng.randrange(vocab)
-            seq += [] if t in specials else [t]
+        seq = [rng.choice(alphabet) for _ in range(n)]
         row = seq + self.encode("\n") + seq
         return torch.tensor((row + [self.ids[tokenizer.EOS]] * L)[:L])
+
+
+def repeat_alphabet(tok, specials: set[int], size: int) -> list[int]:
+    """The ids a repeat row draws from: size 10 the digit tokens (where each digit is one token), else
+    the first `size` ordinary ids (0: all of them)."""
+    ordinary = [i for i in range(tok.get_vocab_size()) if i not in specials]
+    digits = [tok.token_to_id(str(d)) for d in range(10)]
+    if size == 10 and None not in digits:
+        return digits
+    return ordinary[:size] if size else ordinary
 
 
 def block_mask_batch(tokens: torch.Tensor, prompt_len: torch.Tensor, mask_id: int, rng: random.Random,
