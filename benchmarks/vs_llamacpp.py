@@ -4,6 +4,8 @@
     python benchmarks/vs_llamacpp.py --shapes 22m                      # token equality and timings
     python benchmarks/vs_llamacpp.py --shapes 0.5b --eq-steps 32 --e2e project --reps 2
     python benchmarks/vs_llamacpp.py --shapes 22m --busy --json /tmp/vs.json
+    python benchmarks/vs_llamacpp.py --gguf FILE [--gguf FILE2 ...]    # one's own Dream/LLaDA GGUF files:
+                                                    # vs_llamacpp_gguf.py (both engines read the same file)
 
 benchmarks/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vendored copy) and converts
 the checkpoint with llama.cpp's own tools, once, into a cache outside the repository. Peak RSS: each
@@ -52,16 +54,7 @@ import harness
 import llamacpp_build as lb  # benchmarks/llamacpp_build.py
 import llamacpp_runs
 import torch
-from llamacpp_runs import (  # benchmarks/llamacpp_runs.py
-    cfg_of,
-    fastdllm,
-    fastdllm_peaks,
-    llama,
-    load_fastdllm,
-    loadavg,
-    summary,
-    timed,
-)
+from llamacpp_runs import cfg_of, fastdllm, fastdllm_peaks, llama, load_fastdllm, loadavg, summary, timed
 
 from fastdllm import thread_watch
 from fastdllm.models.cpu import bf16_note, capability
@@ -199,6 +192,8 @@ def versions(info: dict) -> dict:
 
 
 def main() -> None:
+    if any(arg.split("=")[0] == "--gguf" for arg in sys.argv[1:]):       # GGUF files one has: their own flow
+        return __import__("vs_llamacpp_gguf").main(USER_ENV)
     ap = harness.parser(__doc__, reps=3)
     ap.set_defaults(threads=2)                                   # both tools
     ap.add_argument("--shapes", default="22m", help=f"comma list of {', '.join(lb.SHAPES)}")
