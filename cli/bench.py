@@ -19,7 +19,7 @@ from fastdllm.units import plural
 from . import parallel
 from .constraint_flags import compile_for, spec_from
 from .model import load_model
-from .options import MODEL_FLAGS, comma_names, model_placement
+from .options import MODEL_FLAGS, TENSOR_PARALLEL, comma_names, model_placement
 from .results import check_writable, output_and_format, save
 from .terminal import err_console, is_terminal, out_console
 from .user_errors import user_errors
@@ -79,6 +79,7 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Save a plot (PNG): throughput vs gen_len, speed vs agreement.")] = None,
     list_rows: Annotated[bool, typer.Option("--list", help="List the configurations and exit.")] = False,
     num_processes: Annotated[Optional[int], typer.Option("--num-processes", help="Data parallel: N processes, one per GPU (or sharing the CPU cores), each with its share of every row's batches; as `torchrun --nproc-per-node N -m fastdllm bench ...`.")] = None,
+    tp: Annotated[Optional[int], TENSOR_PARALLEL] = None,
     json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Also run every row under this JSON Schema file (a twin row ROW+json_schema): valid answers, matcher ms per step.", rich_help_panel="Structured output")] = None,
     regex: Annotated[Optional[str], typer.Option("--regex", help="Also run every row under this regular expression (ROW+regex).", rich_help_panel="Structured output")] = None,
     grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Also run every row under this Lark grammar file (ROW+grammar).", rich_help_panel="Structured output")] = None,
@@ -114,8 +115,12 @@ def bench(
     runner.check_counts(repetitions, warmup)
     placement = model_placement(dtype=dtype, device=device, quantize=quantize, device_map=device_map,
                                 max_memory=max_memory)
+    if tp not in (None, 1) and num_processes not in (None, 1):
+        raise UsageError(f"--tp {tp} with --num-processes {num_processes}: one model split over processes, or one "
+                         "whole model in each; give one or the other")
     if parallel.wanted(num_processes):                   # the processes check the rest; rank 0 speaks
         raise typer.Exit(parallel.launch(num_processes))
+    world, ranks = parallel.split_over(tp, placement)    # tensor parallel: every rank runs every batch
     check_writable(output, "--output")
     check_writable(plot, "--plot")
     if plot is not None:
@@ -154,8 +159,8 @@ def bench(
         if getattr(sweep, param) and not any(RULES[c.cfg.rule].param == param for c in cases):
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")
 
-    world = parallel.join(num_processes, placement)
-    lm = load_model(model_dir, **placement)
+    world = world or parallel.join(num_processes, placement)
+    lm = load_model(model_dir, ranks=ranks, **placement)
     constraint = compile_for(spec, lm)
     if chosen is None:
         chosen = prompts.builtin(prompts.default_set(model_dir, lm.has_chat_template and chat is not False)).take(n)
@@ -169,22 +174,24 @@ def bench(
     render = functools.partial(bench_render, left_out=left_out)
 
     measured, stopped = [], None
-    share = (world.rank, world.size)
+    share = (0, 1) if ranks else (world.rank, world.size)  # data parallel: this rank's share of the batches
     quantized = placement["quantize"] != "none"
     total = runner.count_runs(cases, len(chosen.prompts), repetitions, warmup, share) + (
         runner.count_runs(cases, len(chosen.prompts), 1, 0, share) if quantized else 0)
     err_console.print(f"bench: {plural(len(cases), 'row')} x {plural(len(chosen.prompts), chosen.name + ' prompt')} "
-                      f"({plural(total, 'run')}{f' on rank 0 of {world.size}' if world.size > 1 else ''}) on {lm.path.name}",
+                      f"({plural(total, 'run')}{f' on rank 0 of {world.size}' if share[1] > 1 else ''}) on {lm.path.name}"
+                      + (f", split over {tp} tensor-parallel ranks" if ranks else ""),
                       style="dim")
     try:
         with RunProgress(total, len(chosen.prompts), warmup, share) as tick:
             parts = runner.measure_share(lm, cases, chosen, chat=chat, repetitions=repetitions, warmup=warmup,
                                          on_run=tick, share=share, constraint=constraint)
             for case in cases:                           # in step: every rank's share of a row, then the next
-                shares = world.exchange(lambda: (injected(world, case.name), next(parts))[1])
+                shares = [next(parts)] if ranks else world.exchange(lambda: (injected(world, case.name), next(parts))[1])
                 if not world.first:
                     continue
                 m = runner.merge(shares)
+                m.record["tensor_parallel"] = tp if ranks else None
                 measured.append(m)
                 if output is not None:                   # on disk as soon as it is finished
                     save(runner.compare(measured), fmt, output, render)

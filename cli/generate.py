@@ -14,7 +14,7 @@ from fastdllm.errors import UsageError
 
 from .constraint_flags import CONSTRAINT_FLAGS, compile_for, finish_note, spec_from
 from .model import prepare
-from .options import RunOptions, generation_options
+from .options import TENSOR_PARALLEL, RunOptions, generation_options
 from .terminal import err_console, is_terminal, keys_not_echoed, live_view
 from .text_input import read_prompt
 from .user_errors import user_errors
@@ -38,7 +38,7 @@ def generate(
     json_schema: Annotated[Optional[Path], CONSTRAINT_FLAGS["json_schema"][1]] = None,
     regex: Annotated[Optional[str], CONSTRAINT_FLAGS["regex"][1]] = None,
     grammar: Annotated[Optional[Path], CONSTRAINT_FLAGS["grammar"][1]] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel over N processes, one per GPU (or sharing the CPU's cores), each holding 1/N of every layer; as `torchrun --nproc-per-node N -m fastdllm generate --tp N ...`, started here outside a launcher (docs/specs/tensor-parallel.md).")] = None,
+    tp: Annotated[Optional[int], TENSOR_PARALLEL] = None,
     *, opts: RunOptions,
 ):
     """Generate an answer to PROMPT, showing block-by-block unmasking; or fill holes (--suffix, --infill)."""
@@ -99,20 +99,12 @@ def generate(
 
 
 def split_over(tp: int | None, opts: RunOptions, infilling: bool):
-    """--tp N: (World, Ranks) of this process under a launcher, or N copies of this command started here
-    (the process exits with theirs); (None, None) without it (or with --tp 1). Refusals first."""
-    if tp is None or tp == 1:
-        return None, None
-    from fastdllm.checkpoints.tensor_parallel import refuse
-
+    """--tp N (cli/parallel.split_over): this rank's device goes into opts."""
     from . import parallel
 
-    refuse(tp, quantize=opts.quantize, device_map=opts.device_map, max_memory=opts.max_memory)
-    if infilling:
-        raise UsageError(f"--tp {tp}: infilling (--suffix, --infill) is not split over ranks yet")
-    if parallel.wanted(tp):                        # not under a launcher yet: start the ranks
-        raise typer.Exit(parallel.launch(tp))
-    placement = {"device": opts.device}
-    world, ranks = parallel.tensor_parallel(tp, placement)
+    placement = {"device": opts.device, "quantize": opts.quantize, "device_map": opts.device_map,
+                 "max_memory": opts.max_memory}
+    world, ranks = parallel.split_over(tp, placement, "infilling (--suffix, --infill) is not split over ranks yet"
+                                       if infilling else None)
     opts.device = placement["device"]
     return world, ranks

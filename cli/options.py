@@ -41,6 +41,8 @@ MODEL_FLAGS = {
     "max_memory": (Optional[str], typer.Option("--max-memory", help="What each device may hold, e.g. 0=20GiB,1=22GiB,cpu=30GiB,disk (disk: offload the rest to a temporary folder); implies --device-map auto.")),
     "force": (Optional[bool], typer.Option("--force", help="Load even when the memory estimate says it will not fit (FASTDLLM_FORCE=1).")),
 }
+# tensor parallel (cli/parallel.split_over), for the commands that split one model over processes
+TENSOR_PARALLEL = typer.Option("--tp", help="Tensor parallel over N processes, one per GPU (or sharing the CPU's cores), each holding 1/N of every layer; as `torchrun --nproc-per-node N -m fastdllm COMMAND --tp N ...`, started here outside a launcher (docs/specs/tensor-parallel.md).")
 # `info` and `recommend` judge this machine, or one described (checkpoints/fit.py `described`)
 ASSUME_GPUS = typer.Option("--assume-gpus", help="Judge for a described machine, not this one: its GPUs, e.g. 2x24GiB, 24GiB,16GiB, none.")
 ASSUME_RAM = typer.Option("--assume-ram", help="The described machine's RAM, e.g. 64GiB (default: this machine's available RAM).")

@@ -70,3 +70,23 @@ def tensor_parallel(tp: int, placement: dict):
     placement["device"] = world.device(placement["device"])
     world.share_threads()
     return world, Ranks(world.rank, world.size)
+
+
+def split_over(tp: int | None, placement: dict, command_refusal: str | None = None):
+    """--tp N for any command: (World, Ranks) of this process under a launcher (its device put into
+    `placement`), or N copies of this command line started here (the process exits with theirs);
+    (None, None) without it or with --tp 1. The flags it does not combine with are refused first,
+    `command_refusal` (what the command cannot split yet) among them."""
+    if tp is None or tp == 1:
+        return None, None
+    import typer
+
+    from fastdllm.checkpoints.tensor_parallel import refuse
+
+    refuse(tp, quantize=placement.get("quantize", "none"), device_map=placement.get("device_map"),
+           max_memory=placement.get("max_memory"))
+    if command_refusal:
+        raise UsageError(f"--tp {tp}: {command_refusal}")
+    if wanted(tp):                                 # not under a launcher yet: start the ranks
+        raise typer.Exit(launch(tp))
+    return tensor_parallel(tp, placement)

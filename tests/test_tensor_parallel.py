@@ -176,6 +176,34 @@ def test_generate_tp_2_prints_the_answer_of_one_process(llada_dir):
     assert two["model"]["tensor_parallel"] == {"rank": 0, "ranks": 2}
 
 
+@pytest.mark.slow          # processes: the full suite only
+def test_bench_tp_2_measures_the_rows_of_one_process(llada_dir, tmp_path):
+    (tmp_path / "p.txt").write_text("def add(a, b):\nHello there\n")
+    args = ("bench", "-m", llada_dir, "--dtype", "fp64", "-c", "baseline,dual", "-n", "32", "--prompts",
+            tmp_path / "p.txt", "-r", "1", "--warmup", "0", "--format", "json")
+    one = json.loads(invoke(*args).stdout)["records"]
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fastdllm", *map(str, args), "--tp", "2"], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    two = json.loads(out.stdout)["records"]            # rank 0 alone prints
+    keys = ("config", "nfe", "answer_tokens", "generated_tokens", "agreement_tokens", "agreement_answers")
+    assert [[r[k] for k in keys] for r in two] == [[r[k] for k in keys] for r in one]
+    assert [r["tensor_parallel"] for r in two] == [2, 2] and "split over 2 tensor-parallel ranks" in out.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-processes", "2"], "--tp 2 with --num-processes 2: one model split over processes"),
+    (["--quantize", "int8"], "--tp 2 with --quantize int8: the packed rows"),
+])
+def test_bench_flags_tensor_parallel_does_not_take_are_one_line(flags, message, llada_dir):
+    result = invoke("bench", "-m", llada_dir, "--tp", "2", *flags)
+    assert result.exit_code == 2 and message in result.output
+    assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+
+
 def test_a_rank_holds_its_heads_its_mlp_rows_and_its_experts_only(moe_dir):
     from fastdllm.models.tensor_parallel import Elsewhere, SplitHead
 

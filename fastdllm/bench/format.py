@@ -137,6 +137,8 @@ def caption(records: list[dict]) -> str:
                      "baseline's ranges overlap; of 3 or more repetitions, the one farthest from the median left out)")
     if any(x.get("agreement_unquantized_tokens") is not None for x in records):
         parts.append("same tok unquant.: tokens equal to the same row on unquantized weights")
+    if r.get("tensor_parallel"):
+        parts.append(f"one model split over {r['tensor_parallel']} tensor-parallel processes (rank 0's seconds and memory)")
     if r.get("processes", 1) > 1:
         parts.append(f"{r['processes']} processes (tok/s over the slowest one's seconds)")
     parts.append(f"torch {r['torch']}, transformers {r['transformers']}, fastdllm {r['fastdllm']}")
