@@ -252,3 +252,10 @@ class _Scalar(nn.Module):
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"diffusion_gemma": Family(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion,
                                    ("DiffusionGemmaForBlockDiffusion", "DiffusionGemma4ModelForBlockDiffusion"))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+# the canvas from config.json; gen_len and the sampler from generation_config.json, computed in
+# decode/family_defaults.py (docs/specs/diffusion-gemma.md 1.3)
+DECODES = {"diffusion_gemma": {"profile": "diffusion-gemma", "fixed": {"rule": "eb_sampler", "cache": "prefix"},
+                               "from_config": {"block_len": ["canvas_length", 256]}}}
+NAMES = {"diffusion_gemma": ["DiffusionGemma"]}

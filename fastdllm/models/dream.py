@@ -30,3 +30,6 @@ class DreamModel(QwenLM):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"Dream": Family(DreamConfig, DreamModel, ("DreamModel",))}
+
+# what its checkpoints are called (models/registry.py)
+NAMES = {"Dream": ["Dream", "DiffuCoder"]}

@@ -42,3 +42,9 @@ class FastDLLMQwenForCausalLM(QwenLM):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"Fast_dLLM_Qwen": Family(FastDLLMQwenConfig, FastDLLMQwenForCausalLM, ("Fast_dLLM_QwenForCausalLM",))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+DECODES = {"Fast_dLLM_Qwen": {"profile": "fast-dllm-v2",
+                              "fixed": {"sub_block_len": 8, "rule": "dynamic", "threshold": 0.9, "cache": "prefix"},
+                              "from_config": {"block_len": ["bd_size", 32]}}}
+NAMES = {"Fast_dLLM_Qwen": ["Fast-dLLM v2"]}

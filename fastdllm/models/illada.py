@@ -116,3 +116,10 @@ SERVES = {"illada": Family(ILLaDAConfig, ILLaDAForCausalLM, ("ILLaDAForCausalLM"
 # its class name in loaders that read the real file: the architecture names the family whatever
 # config.json's model_type says (with a note). If the published type differs, serve it here too.
 BY_ARCHITECTURE = {"ILLaDAForCausalLM": "illada"}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+# iLLaDA's var_generate (docs/specs/illada.md 3.2): the canvas grows by blocks of 32; found by its class
+# name whatever its model_type
+DECODES = {"illada": {"profile": "illada", "fixed": {"block_len": 32, "variable_length": True}},
+           "ILLaDAForCausalLM": "illada"}
+NAMES = {"illada": ["iLLaDA"]}

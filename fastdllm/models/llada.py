@@ -137,3 +137,6 @@ class LLaDAModelLM(DiffusionLM):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"llada": Family(LLaDAConfig, LLaDAModelLM, ("LLaDAModelLM",))}
+
+# what its checkpoints are called (models/registry.py)
+NAMES = {"llada": ["LLaDA"]}

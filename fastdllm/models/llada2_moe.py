@@ -212,3 +212,11 @@ class BailingMoeV2Config(LLaDA2MoeConfig):
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"llada2_moe": Family(LLaDA2MoeConfig, LLaDA2MoeModelLM, ("LLaDA2MoeModelLM",)),
           "bailing_moe_v2": Family(BailingMoeV2Config, LLaDA2MoeModelLM, ("LLaDA2MoeModelLM",))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+# H1's generate: blocks of 32, > 0.95, at least 1 of 32 steps; with LLaDA2.2's edit tokens in config.json
+# the profile is llada2.2 (its InDel decoder: decode/family_defaults.py, docs/specs/llada2-2.md)
+DECODES = {"llada2_moe": {"profile": "llada2",
+                          "fixed": {"block_len": 32, "rule": "dynamic", "threshold": 0.95, "cache": "prefix"}},
+           "bailing_moe_v2": "llada2_moe"}
+NAMES = {"llada2_moe": ["LLaDA2.x"]}

@@ -142,3 +142,9 @@ class LLaDAMoEModelLM(DecoderStack):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"llada": Family(LLaDAMoEConfig, LLaDAMoEModelLM, ("LLaDAMoEModelLM", "LLaDAMoEModel"))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+DECODES = {"LLaDAMoEModelLM": {"profile": "llada-moe",
+                               "fixed": {"block_len": 32, "rule": "threshold", "threshold": 0.9, "cache": "dual"}},
+           "LLaDAMoEModel": "LLaDAMoEModelLM"}
+NAMES = {"llada": ["LLaDA-MoE"]}

@@ -239,3 +239,10 @@ class NemotronLabsDiffusionModel(DiffusionLM):
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"nemotron_labs_diffusion": Family(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel,
                                                    ("NemotronLabsDiffusionModel",))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+# the checkpoint's generate with the model card's block_length 32, threshold 0.9 (docs/specs/nemotron-diffusion.md 3)
+DECODES = {"nemotron_labs_diffusion": {"profile": "nemotron-diffusion",
+                                       "fixed": {"rule": "threshold", "threshold": 0.9, "cache": "prefix"},
+                                       "from_config": {"block_len": ["block_size", 32]}}}
+NAMES = {"nemotron_labs_diffusion": ["Nemotron-Labs Diffusion"]}

@@ -8,8 +8,17 @@ A family module declares, at its top level:
     BY_ARCHITECTURE = {"ILLaDAForCausalLM": "illada"}    # optional: an architecture that names its
                                                          # family whatever the model_type says
 
-Both are read from the module's source (those statements alone, by ast) without importing it, so listing the model_types, or
-finding which module serves one, costs no torch import; the module itself is imported only when a
+and may declare how it decodes when no profile says otherwise, and what people call its checkpoints:
+
+    DECODES = {"sdar": {"profile": "sdar",                      # model_type or architecture -> defaults
+                        "fixed": {"rule": "dynamic", "threshold": 0.95, "cache": "prefix"},
+                        "from_config": {"block_len": ["block_size", 4]}},   # config.json's key, or this
+               "sdar_v2": "sdar"}                               # decodes as the entry named
+    NAMES = {"sdar": ["SDAR", "TraDo"]}                         # model_type -> names (`fastdllm --help`)
+
+All are read from the module's source (those statements alone, by ast) without importing it, so listing the model_types,
+finding which module serves one, a checkpoint's decoding defaults (decode/family_defaults.py: profile resolution is
+torch-free) or the names `--help` gives costs no torch import; the module itself is imported only when a
 checkpoint of its type is read (or one of its classes is named: `from fastdllm.models import
 LLaDAModelLM`). A model_type served by several modules (`llada`: LLaDA-8B in llada.py, LLaDA-MoE in
 llada_moe.py; `architectures` tells them apart) lists the module named after the type first, then
@@ -44,16 +53,20 @@ class Index(NamedTuple):
     served: dict[str, list[str]]      # model_type -> modules serving it, in reading order
     by_architecture: dict[str, str]   # architecture -> model_type
     classes: dict[str, str]           # a family's config or model class name -> its module
+    decodes: dict[str, dict]          # model_type or architecture -> its DECODES entry (aliases resolved)
+    names: list[str]                  # what the families' checkpoints are called, by module, once each
 
 
 @functools.cache
 def index() -> Index:
-    """Every family module's declarations, read from source: only the `SERVES` and `BY_ARCHITECTURE`
-    statements are parsed (a whole-file parse of every family costs ~100 ms), and modules without
-    them (layers, kernels) are skipped."""
+    """Every family module's declarations, read from source: only the `SERVES`, `BY_ARCHITECTURE`,
+    `DECODES` and `NAMES` statements are parsed (a whole-file parse of every family costs ~100 ms),
+    and modules without them (layers, kernels) are skipped."""
     served: dict[str, list[str]] = {}
     by_architecture: dict[str, str] = {}
     classes: dict[str, str] = {}
+    decodes: dict[str, dict | str] = {}
+    names: list[str] = []
     for info in sorted(pkgutil.iter_modules([str(FOLDER)]), key=lambda m: m.name):
         text = "" if info.ispkg else (FOLDER / f"{info.name}.py").read_text(encoding="utf-8")
         if (serves := _statement(text, "SERVES")) is not None:
@@ -63,9 +76,14 @@ def index() -> Index:
                     classes.update({a.id: info.name for a in value.args[:2] if isinstance(a, ast.Name)})
         if (claims := _statement(text, "BY_ARCHITECTURE")) is not None:
             by_architecture.update(ast.literal_eval(claims))
+        if (declared := _statement(text, "DECODES")) is not None:
+            decodes.update(ast.literal_eval(declared))
+        if (called := _statement(text, "NAMES")) is not None:
+            names += [n for ns in ast.literal_eval(called).values() for n in ns if n not in names]
     for model_type, modules in served.items():       # the module named after the type first
         modules.sort(key=lambda m: m != model_type.lower())
-    return Index(served, by_architecture, classes)
+    aliases = {key: decodes[target] for key, target in decodes.items() if isinstance(target, str)}
+    return Index(served, by_architecture, classes, {**decodes, **aliases}, names)
 
 
 def _statement(text: str, name: str) -> ast.Dict | None:
@@ -90,6 +108,17 @@ def model_types() -> list[str]:
 
 def by_architecture() -> dict[str, str]:
     return dict(index().by_architecture)
+
+
+def decodes() -> dict[str, dict]:
+    """model_type or architecture -> the family's declared decoding defaults (`DECODES`; an alias
+    resolved to the entry it names, which is declared as a dict)."""
+    return dict(index().decodes)
+
+
+def names() -> list[str]:
+    """What the families' checkpoints are called (`NAMES`), by module, each once."""
+    return list(index().names)
 
 
 @functools.cache

@@ -55,3 +55,12 @@ class RND1LM(Qwen3MoeStack):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"rnd1": Family(RND1Config, RND1LM, ("RND1", "RND1LM"))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+# RND1's diffusion_sample (docs/specs/rnd1.md 5): one global canvas (the rule sets block_len to gen_len),
+# its entropy schedule over num_diffusion_steps steps, no cache (the reference recomputes the whole
+# canvas every step)
+DECODES = {"rnd1": {"profile": "rnd1",
+                    "fixed": {"gen_len": 256, "rule": "entropy_schedule", "confidence": "entropy", "cache": "none"},
+                    "from_config": {"steps": ["num_diffusion_steps", 256]}}}
+NAMES = {"rnd1": ["RND1"]}

@@ -42,3 +42,8 @@ class SDARForCausalLM(QwenLM):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"sdar": Family(SDARConfig, SDARForCausalLM, ("SDARForCausalLM",))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+DECODES = {"sdar": {"profile": "sdar", "fixed": {"rule": "dynamic", "threshold": 0.95, "cache": "prefix"},
+                    "from_config": {"block_len": ["block_size", 4]}}}
+NAMES = {"sdar": ["SDAR", "TraDo"]}

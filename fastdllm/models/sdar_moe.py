@@ -107,3 +107,7 @@ class SDARMoeForCausalLM(Qwen3MoeStack):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"sdar_moe": Family(SDARMoeConfig, SDARMoeForCausalLM, ("SDARMoeForCausalLM",))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+DECODES = {"sdar_moe": "sdar"}          # SDAR-30B-A3B decodes as dense SDAR (docs/specs/sdar-moe.md)
+NAMES = {"sdar_moe": ["SDAR"]}

@@ -252,3 +252,10 @@ class SteerlingForCausalLM(DiffusionLM):
 
 # config.json's model_type -> the classes that read it (models/registry.py)
 SERVES = {"steerling": Family(SteerlingConfig, SteerlingForCausalLM, ("SteerlingForCausalLM",))}
+
+# how it decodes when no profile says otherwise, and what its checkpoints are called (models/registry.py)
+# Steerling's generate_full (docs/specs/steerling.md 5, 7): its blocks are the attention's, one token per
+# step, the authors' sampling; the prefix cache gives the same logits and NFE as their full canvas
+DECODES = {"steerling": {"profile": "steerling", "fixed": {"rule": "fixed", "cache": "prefix"},
+                         "from_config": {"block_len": ["diff_block_size", 64]}}}
+NAMES = {"steerling": ["Steerling"]}
