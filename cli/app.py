@@ -11,6 +11,7 @@ from rich.text import Text
 
 from fastdllm import host_memory, threads
 from fastdllm.errors import UserError
+from fastdllm.models.registry import names
 
 from . import user_errors
 from .analyze import analyze
@@ -26,9 +27,9 @@ from .serve import EXAMPLES as SERVE_EXAMPLES
 from .serve import serve
 from .terminal import err_console
 
-# every family of the catalog (tests/test_help.py keeps this list whole)
-FAMILIES = ("LLaDA, LLaDA-MoE, LLaDA2.x, iLLaDA, Dream, DiffuCoder, SDAR, TraDo, Fast-dLLM v2, RND1, DiffusionGemma, "
-            "Nemotron-Labs Diffusion, Steerling")
+# every family's names, from each family module's `NAMES` read without importing it (models/registry.py;
+# tests/test_help.py checks the catalog's families are all here)
+FAMILIES = ", ".join(names())
 
 app = typer.Typer(
     name="fastdllm", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
