@@ -105,3 +105,21 @@ def test_same_profile_and_defaults_as_the_table(case):
 
 def test_every_case_is_pinned():
     assert set(EXPECTED) == set(cases())
+
+
+def test_declarations_are_well_formed():
+    """Every DECODES entry names a built-in profile and DecodeConfig fields whose fixed values parse,
+    each alias names an entry, and every family module names its checkpoints for `--help`."""
+    from fastdllm.decode.config import DecodeConfig
+    from fastdllm.decode.profiles import builtin_profiles
+    from fastdllm.models import registry
+
+    declared = registry.decodes()
+    for key, entry in declared.items():
+        assert set(entry) <= {"profile", "fixed", "from_config"} and entry["profile"] in builtin_profiles(), key
+        fallbacks = {field: fallback for field, (_, fallback) in entry.get("from_config", {}).items()}
+        values = {**fallbacks, **entry.get("fixed", {})}
+        assert DecodeConfig.parse(values) == values, key
+    assert "llada2.2" in builtin_profiles()
+    text = {m: (registry.FOLDER / f"{m}.py").read_text() for ms in registry.index().served.values() for m in ms}
+    assert all("\nNAMES = {" in t for t in text.values()), [m for m, t in text.items() if "\nNAMES = {" not in t]
