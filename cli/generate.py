@@ -12,6 +12,7 @@ import typer
 
 from fastdllm.errors import UsageError
 
+from . import parallel
 from .constraint_flags import CONSTRAINT_FLAGS, compile_for, finish_note, spec_from
 from .model import prepare
 from .options import TENSOR_PARALLEL, RunOptions, generation_options
@@ -47,7 +48,8 @@ def generate(
     live = not (json_out or no_live) and is_terminal(sys.stdout) and err_console.is_terminal
     spec = spec_from(json_schema, regex, grammar)
     infilling = infill_file is not None or suffix is not None or suffix_file is not None
-    world, ranks = split_over(tp, opts, infilling)
+    world, ranks = parallel.split_run(tp, opts, "infilling (--suffix, --infill) is not split over ranks yet"
+                                      if infilling else None)
     if infilling:
         if spec is not None:
             raise UsageError("structured output: not combined with infilling (the text after a hole is not part "
@@ -96,15 +98,3 @@ def generate(
         err_console.print(stats_block(result, lm.info, view.overhead if view else None), style="dim")
     elif not quiet:
         err_console.print(stats_line(result), style="dim")
-
-
-def split_over(tp: int | None, opts: RunOptions, infilling: bool):
-    """--tp N (cli/parallel.split_over): this rank's device goes into opts."""
-    from . import parallel
-
-    placement = {"device": opts.device, "quantize": opts.quantize, "device_map": opts.device_map,
-                 "max_memory": opts.max_memory}
-    world, ranks = parallel.split_over(tp, placement, "infilling (--suffix, --infill) is not split over ranks yet"
-                                       if infilling else None)
-    opts.device = placement["device"]
-    return world, ranks

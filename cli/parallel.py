@@ -27,11 +27,12 @@ def wanted(processes: int | None) -> bool:
     return bool(processes and processes > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1)
 
 
-def launch(processes: int) -> int:
-    """Run this command line again in `processes` processes; their exit code."""
+def launch(processes: int, signal_stops: bool = False) -> int:
+    """Run this command line again in `processes` processes; their exit code (`signal_stops`: a
+    command that SIGINT/SIGTERM ends normally, serve)."""
     from fastdllm.eval.distributed import launch as start
 
-    return start(processes, sys.argv[1:])
+    return start(processes, sys.argv[1:], signal_stops)
 
 
 def join(processes: int | None, placement: dict):
@@ -72,7 +73,16 @@ def tensor_parallel(tp: int, placement: dict):
     return world, Ranks(world.rank, world.size)
 
 
-def split_over(tp: int | None, placement: dict, command_refusal: str | None = None):
+def split_run(tp: int | None, opts, command_refusal: str | None = None, *, signal_stops: bool = False):
+    """split_over for a command run with RunOptions (generate, serve): this rank's device goes into opts."""
+    placement = {"device": opts.device, "quantize": opts.quantize, "device_map": opts.device_map,
+                 "max_memory": opts.max_memory}
+    world, ranks = split_over(tp, placement, command_refusal, signal_stops=signal_stops)
+    opts.device = placement["device"]
+    return world, ranks
+
+
+def split_over(tp: int | None, placement: dict, command_refusal: str | None = None, *, signal_stops: bool = False):
     """--tp N for any command: (World, Ranks) of this process under a launcher (its device put into
     `placement`), or N copies of this command line started here (the process exits with theirs);
     (None, None) without it or with --tp 1. The flags it does not combine with are refused first,
@@ -88,5 +98,5 @@ def split_over(tp: int | None, placement: dict, command_refusal: str | None = No
     if command_refusal:
         raise UsageError(f"--tp {tp}: {command_refusal}")
     if wanted(tp):                                 # not under a launcher yet: start the ranks
-        raise typer.Exit(launch(tp))
+        raise typer.Exit(launch(tp, signal_stops))
     return tensor_parallel(tp, placement)

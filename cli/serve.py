@@ -15,7 +15,7 @@ import typer
 from fastdllm.errors import UsageError, UserError
 
 from .model import prepare
-from .options import RunOptions, generation_options
+from .options import TENSOR_PARALLEL, RunOptions, generation_options
 from .user_errors import user_errors
 
 EXAMPLES = """Examples:
@@ -39,6 +39,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="FASTDLLM_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without an API key.")] = False,
     shutdown_timeout: Annotated[float, typer.Option("--shutdown-timeout", min=0, help="On SIGTERM or Ctrl+C, seconds the running and queued requests may take to finish; then each running one is answered with what it has (finish_reason 'abort'), each queued one with 503.")] = 5.0,
+    tp: Annotated[Optional[int], TENSOR_PARALLEL] = None,
     *, opts: RunOptions,
 ):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -48,16 +49,24 @@ def serve(
     if api_key is None and not insecure and not is_loopback(host):
         raise UsageError(f"--host {host} is reachable from other machines: set --api-key (or FASTDLLM_API_KEY), "
                          "or pass --insecure")
+    from . import parallel
+
+    world, ranks = parallel.split_run(tp, opts, signal_stops=True)   # --tp N: rank 0 serves, the others follow
+    if world is not None and not world.first:
+        from fastdllm.serve.followers import follow
+
+        lm = prepare(opts, ranks)[0]
+        return follow(world, lm.decoder, lm.tokenizer)
     sock = listen(host, port)                      # before loading: a busy port fails in a second
     try:
         run(sock, host, opts, max_batch=max_batch, max_queue=max_queue, api_key=api_key,
-            shutdown_timeout=shutdown_timeout)
+            shutdown_timeout=shutdown_timeout, world=world, ranks=ranks)
     finally:
         sock.close()
 
 
 def run(sock: socket.socket, host: str, opts: RunOptions, *, max_batch: int, max_queue: int,
-        api_key: str | None, shutdown_timeout: float = 5.0) -> None:
+        api_key: str | None, shutdown_timeout: float = 5.0, world=None, ranks=None) -> None:
     try:
         import uvicorn
 
@@ -68,9 +77,12 @@ def run(sock: socket.socket, host: str, opts: RunOptions, *, max_batch: int, max
     from fastdllm.serve.metrics import Metrics
     from fastdllm.serve.scheduler import Scheduler
 
-    lm, profile, cfg = prepare(opts)
+    from fastdllm.serve.followers import Leader
+
+    lm, profile, cfg = prepare(opts, ranks)
     metrics = Metrics()
-    scheduler = Scheduler(lm.decoder, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
+    scheduler = Scheduler(lm.decoder, max_batch=max_batch, max_queue=max_queue, metrics=metrics,
+                          leader=Leader(world) if world is not None else None)
     scheduler.start()
     server = None
     try:

@@ -194,6 +194,29 @@ def test_bench_tp_2_measures_the_rows_of_one_process(llada_dir, tmp_path):
     assert [r["tensor_parallel"] for r in two] == [2, 2] and "split over 2 tensor-parallel ranks" in out.stderr
 
 
+@pytest.mark.slow          # processes: the full suite only
+def test_serve_tp_2_answers_concurrent_requests_as_one_process(llada_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from serve_process import ServerProcess
+
+    prompts = ["def add(a, b):", "Hello there", "import os"]
+
+    def answers(*extra) -> tuple[list[str], int, str]:
+        server = ServerProcess("-m", llada_dir, "--dtype", "fp64", *extra, startup_s=300)
+        ask = lambda p: httpx.post(server.v1 + "/completions", timeout=300, json={   # noqa: E731
+            "model": "tiny-llada", "prompt": p, "max_tokens": 32, "temperature": 0}).json()["choices"][0]["text"]
+        with ThreadPoolExecutor(len(prompts)) as pool:              # together: they share batches
+            texts = list(pool.map(ask, prompts))
+        return texts, server.stop(), server.log
+
+    one, _, _ = answers()
+    two, code, log = answers("--tp", "2")
+    assert two == one and len(set(one)) == len(prompts)
+    assert code == 0 and "fastdllm serve: stopped" in log and "Traceback" not in log     # SIGTERM: a clean stop
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num-processes", "2"], "--tp 2 with --num-processes 2: one model split over processes"),
     (["--quantize", "int8"], "--tp 2 with --quantize int8: the packed rows"),

@@ -75,6 +75,19 @@ class World:
             raise PeersLost(self.rank, e) from None
         return out
 
+    def broadcast(self, obj: Any = None) -> Any:
+        """Rank 0's `obj` on every rank (what the others pass is ignored)."""
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        try:
+            dist.broadcast_object_list(box, src=0)
+        except RuntimeError as e:              # gloo: a peer's connection closed
+            raise PeersLost(self.rank, e) from None
+        return box[0]
+
     def exchange(self, work: Callable[[], Any]) -> list:
         """Run `work` here and gather every rank's result; if it raised on any rank, every rank
         raises RankFailed naming the first (a lone process just raises)."""
@@ -192,19 +205,24 @@ def same_package_main() -> str:
             "from fastdllm.cli.app import main; main()")
 
 
-def launch(processes: int, argv: list[str]) -> int:
+def launch(processes: int, argv: list[str], signal_stops: bool = False) -> int:
     """`--num-processes N`: run the `fastdllm` command (same_package_main) with ARGV N times under torchrun's own machinery
     (torch.distributed's elastic launch, as `torchrun --standalone --nproc-per-node N`); returns
     the exit code. Rank 0 reports a failure it saw in one line; where it could not (it was
-    stopped, or a rank died outright), the first rank to fail is named here."""
+    stopped, or a rank died outright), the first rank to fail is named here. SIGINT or SIGTERM
+    here is passed on to the ranks by the launcher, which waits for them: 0 where the command ends
+    that way by design (`signal_stops`: serve), else 128 + the signal, as a shell reports it."""
     import logging
     import sys
     import uuid
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)   # its report: ours below
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:   # its reports: ours below
+        if name.startswith("torch.distributed.elastic"):     # (its modules' loggers set their own level)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
     try:
@@ -219,6 +237,8 @@ def launch(processes: int, argv: list[str]) -> int:
         print(f"error: rank {rank} ended ({how}); the run stopped, its finished results kept in --output if given",
               file=sys.stderr)
         return 1
+    except SignalException as e:                                  # the ranks were stopped and waited for
+        return 0 if signal_stops else 128 + int(e.sigval)
     return 0
 
 

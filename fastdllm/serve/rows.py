@@ -98,10 +98,9 @@ class Row:
         """What the next batch is planned with: the prompt and the finished blocks."""
         return self.job.prompt + self.decided
 
-    def batch(self, rows: list["Row"], cfg: DecodeConfig):
-        """The stepper of `rows` (this one first) under cfg; an infilling row is alone, its
-        canvas the prompt, cfg.gen_len masks (its region) and the suffix."""
-        from ..decode.engine import stepper
+    def batch_args(self, rows: list["Row"], cfg: DecodeConfig) -> dict:
+        """decode.engine.stepper's arguments (the decoder aside) for `rows` (this one first) under cfg;
+        an infilling row is alone, its canvas the prompt, cfg.gen_len masks (its region) and the suffix."""
         from ..decode.renoise import row_generator
 
         suffix = self.job.suffix
@@ -111,13 +110,19 @@ class Row:
             constraints = [r.job.constraint for r in rows] if self.job.constraint is not None else None
             if constraints and (len(rows) != 1 or self.decided):
                 raise RuntimeError("a constrained row is decoded alone, in one batch")
-            return stepper(self.decoder, [r.context for r in rows], cfg, [r.remaining for r in rows],
-                           generators=[r.generator for r in rows], constraints=constraints)
+            return dict(prompts=[r.context for r in rows], cfg=cfg, gen_lens=[r.remaining for r in rows],
+                        generators=[r.generator for r in rows], constraints=constraints)
         if len(rows) != 1 or self.decided:
             raise RuntimeError("an infilling row is decoded alone, in one batch")
         n = len(self.job.prompt)
         ids = self.job.prompt + [self.decoder.specials.mask] * self.region + suffix
-        return stepper(self.decoder, [ids], cfg, holes=[(n, n + self.region)])
+        return dict(prompts=[ids], cfg=cfg, holes=[(n, n + self.region)])
+
+    def batch(self, rows: list["Row"], cfg: DecodeConfig):
+        """The stepper of `rows` (this one first) under cfg (batch_args)."""
+        from ..decode.engine import stepper
+
+        return stepper(self.decoder, **self.batch_args(rows, cfg))
 
     @property
     def remaining(self) -> int:

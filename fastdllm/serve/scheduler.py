@@ -33,7 +33,7 @@ from .rows import Row, batch_key, config_for, fits
 
 
 class Scheduler:
-    def __init__(self, decoder, *, max_batch: int = 8, max_queue: int = 64, metrics=None):
+    def __init__(self, decoder, *, max_batch: int = 8, max_queue: int = 64, metrics=None, leader=None):
         self.decoder, self.max_batch, self.max_queue, self.metrics = decoder, max_batch, max_queue, metrics
         self.queue: collections.deque[Job] = collections.deque()
         self.cancelled: set[str] = set()      # running jobs whose clients went away
@@ -43,6 +43,7 @@ class Scheduler:
         self.running = False
         self.aborting = False                 # the shutdown's wait ran out: answer what is decided
         self.thread: threading.Thread | None = None
+        self.leader = leader                  # serve --tp: the other ranks decode every batch with us (followers.py)
 
     # --- the HTTP side (any thread) -----------------------------------------------------------
     def start(self) -> None:
@@ -108,6 +109,8 @@ class Scheduler:
                 while not self.queue and self.running:
                     self.lock.wait()
                 if not self.queue:
+                    if self.leader:
+                        self.leader.stop()
                     return                          # shut down and drained
                 first = self.queue.popleft()
                 self.active.add(first.id)
@@ -124,6 +127,8 @@ class Scheduler:
 
     def _decode(self, rows: list[Row]) -> None:
         """Decode `rows` (and whoever joins them) until every row has finished."""
+        from ..decode.engine import stepper
+
         key = batch_key(rows[0].job)
         while rows:
             self._admit(rows, key)
@@ -131,13 +136,16 @@ class Scheduler:
             for row in rows:
                 row.planned()
             try:
-                batch = rows[0].batch(rows, cfg)
+                args = rows[0].batch_args(rows, cfg)
+                batch = stepper(self.decoder, **args)
             except UserError as e:                  # the app checks lengths first; this is a guard
                 for row in rows:
                     row.job.deliver(Failed(400, str(e)))
                     row.finished = True
                 self._retire(rows)
                 return
+            if self.leader:
+                self.leader.plan(args, [r.job.id for r in rows], [r.job.cfg.seed for r in rows])
             began = time.perf_counter()
             for event in batch.events():
                 now = time.perf_counter()
@@ -155,10 +163,13 @@ class Scheduler:
                         row.block_done(region[i], end - batch.canvas.starts[i], self._take_cancel(row.job.id),
                                        self.metrics, failure=matchers.errors[i] if matchers else None)
                     if any(r.finished for r in rows) or self._joinable(rows, key):
+                        self._tell(leave=True)
                         break                       # re-plan: rows leave or join
                     began = time.perf_counter()
                 if self.aborting:
+                    self._tell(leave=True)
                     break
+                self._tell(leave=False)
             else:
                 unfinished = [r.job.id for r in rows if not r.finished]
                 if unfinished:                      # the engine ended the batch: every row must be done
@@ -169,6 +180,11 @@ class Scheduler:
                         row.abort(self.metrics)
             self._retire([r for r in rows if r.finished])
             rows[:] = [r for r in rows if not r.finished]
+
+    def _tell(self, leave: bool) -> None:
+        """serve --tp: after each event, whether the followers leave the batch with us."""
+        if self.leader:
+            self.leader.stepped(leave)
 
     def _retire(self, rows: list[Row]) -> None:
         with self.lock:
