@@ -1,7 +1,8 @@
 """`fastdllm bench`: run decoding configurations over a prompt set and compare them with the baseline.
 Progress on stderr; results (table, Markdown, JSON, JSONL or CSV) on stdout or in a file.
 Data parallel under torchrun / accelerate launch / --num-processes N (cli/parallel.py): each
-process runs its share of every row's batches, rank 0 merges them into one table."""
+process runs its share of every row's batches, rank 0 merges them into one table. Tensor parallel
+(--tp N): one model split over N processes, each running every batch; rank 0 reports."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from . import parallel
 from .constraint_flags import compile_for, spec_from
 from .model import load_model
 from .options import MODEL_FLAGS, TENSOR_PARALLEL, comma_names, model_placement
+from .bench_progress import RunProgress
 from .results import check_writable, output_and_format, save
 from .terminal import err_console, is_terminal, out_console
 from .user_errors import user_errors
@@ -239,56 +241,6 @@ def _unquantized_answers(model_dir, placement: dict, cases, chosen, chat, world,
         if world.first:
             answers.append(runner.merge(shares).answers)
     return answers
-
-
-class RunProgress:
-    """A rich progress bar with ETA on a terminal (stderr); elsewhere one line as each row starts a
-    warm-up or a repetition, numbered by the runs it makes: [3-4/10] (prompts x rows x rounds)."""
-
-    def __init__(self, total: int, n_prompts: int, warmup: int, share: tuple[int, int] = (0, 1)):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = (Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                             console=err_console, transient=True) if err_console.is_terminal else None)
-        self.total, self.done, self.last = total, 0, None
-        self.n_prompts, self.warmup, self.share = n_prompts, warmup, share
-
-    def __enter__(self):
-        if self.bar:
-            self.bar.__enter__()
-            self.task = self.bar.add_task("bench", total=self.total)
-        return self.tick
-
-    def __exit__(self, *exc):
-        if self.bar:
-            self.bar.__exit__(*exc)
-        return False
-
-    def tick(self, case, what: str) -> None:
-        """A run of `case` has finished; `what`: "warm-up" or "rep R/N" (runner.measure_share)."""
-        from fastdllm.bench.runner import runs_per_round
-        from fastdllm.decode.rules import rule_fields, rule_text
-
-        self.done += 1
-        c = case.cfg
-        label = f"{case.name} {rule_text(rule_fields(c))} · gen {c.gen_len} · block {c.block_len} · batch {case.batch_size}"
-        runs = self.warmup if what == "warm-up" else runs_per_round(case, self.n_prompts, self.share)
-        last = self.done + max(runs, 1) - 1 if (label, what) != self.last else self.done
-        self.total = max(self.total, last)               # an auto round beyond the planned ones
-        if self.bar:
-            self.bar.update(self.task, advance=1, total=self.total, description=f"{label} · {what}")
-        elif (label, what) != self.last:                 # the first run of this row's warm-up or repetition
-            runs = f"{self.done}" if last == self.done else f"{self.done}-{last}"
-            err_console.print(f"[{runs}/{self.total}] {label} · {what}", style="dim")
-            self.last = (label, what)
 
 
 def _emit(records: list[dict], fmt: str, output: Path | None, plot: Path | None, left_out: list[str]) -> None:
