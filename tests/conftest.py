@@ -10,11 +10,8 @@ import pytest
 import torch
 
 from fastdllm.checkpoints import loading
-from fastdllm.testing.tiny_random import (  # FIXTURES: real published non-weight files
-    FIXTURES,
-    write_dream,
-    write_llada,
-)
+from fastdllm.testing.tiny import WRITERS
+from fastdllm.testing.tiny_random import FIXTURES  # real published non-weight files
 
 # --dtype auto on a CPU follows the CPU (checkpoints/cpu_dtype.py): bf16 on AMX or where a probe
 # finds it faster. The suite pins it to fp32, so that its exactness tolerances and expected texts
@@ -39,14 +36,31 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def llada_dir(tmp_path_factory):
-    return write_llada(tmp_path_factory.mktemp("ckpt") / "tiny-llada", **VARIED)
+def tiny(tmp_path_factory):
+    """`tiny(family, **overrides) -> Path`: the tiny checkpoint `WRITERS[family](out, **overrides)` writes
+    (fastdllm/testing/tiny.py), written once per session (per xdist worker) for each distinct family and
+    overrides, compared by value. For tests that only read the folder: one that edits it writes its own."""
+    written: dict[tuple[str, str], Path] = {}
+
+    def write(family: str, **overrides) -> Path:
+        key = (family, repr(sorted(overrides.items())))
+        if key not in written:
+            out = tmp_path_factory.mktemp(f"tiny-{family}") / f"tiny-{family.replace('_', '-')}"
+            written[key] = WRITERS[family](out, **overrides)
+        return written[key]
+
+    return write
 
 
 @pytest.fixture(scope="session")
-def dream_dir(tmp_path_factory):
+def llada_dir(tiny):
+    return tiny("llada", **VARIED)
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tiny):
     # Dream's vocabulary is 152k: a larger head scale gives the same spread of confidences
-    return write_dream(tmp_path_factory.mktemp("ckpt") / "tiny-dream", **dict(VARIED, logit_scale=4.0))
+    return tiny("dream", **dict(VARIED, logit_scale=4.0))
 
 
 @pytest.fixture(scope="session")
