@@ -12,7 +12,6 @@ from helpers import QWEN_IDS, prompt_of
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
-from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import generate
 from fastdllm.decode.events import Result, StepEvent
@@ -27,14 +26,14 @@ def reference_bans_nothing(one_thread):
 
 
 @pytest.fixture(scope="module")
-def sdar(tmp_path_factory):
-    path = write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar")
+def sdar(tiny):
+    path = tiny("sdar")
     return loading.load(path, dtype="fp64"), ref.NaiveQwen(path)
 
 
 @pytest.fixture(scope="module")
-def v2(tmp_path_factory):
-    path = write_fast_dllm_v2(tmp_path_factory.mktemp("ckpt") / "tiny-v2")
+def v2(tiny):
+    path = tiny("fast_dllm_v2")
     return loading.load(path, dtype="fp64"), ref.NaiveQwen(path)
 
 

@@ -115,11 +115,10 @@ def test_left_padded_batch_equals_its_rows(fixture, request):
         assert row_steps(events, row) == row_steps(alone, 0)
 
 
-def test_refusals(llada64, tmp_path_factory):
+def test_refusals(llada64, tiny):
     from fastdllm.checkpoints import loading
-    from fastdllm.testing.tiny_blockdiff import write_sdar
 
-    sdar = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp32")
+    sdar = loading.load(tiny("sdar"), dtype="fp32")
     one_line_refusal(lambda: run(sdar.decoder, [[5, 6, 7]], DecodeConfig(gen_len=16, block_len=4, cache="dllm_cache")),
                      "cache dllm_cache: built for LLaDA and Dream only (their blocks host the feature cache); "
                      "tiny-sdar is refused")

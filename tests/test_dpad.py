@@ -126,16 +126,13 @@ def test_config_errors_are_one_line(values, message):
     one_line_refusal(lambda: DecodeConfig.from_dict(values), message, ConfigError)
 
 
-def test_block_causal_renoising_and_infilling_refused_in_one_line(llada64, tmp_path_factory):
+def test_block_causal_renoising_and_infilling_refused_in_one_line(llada64, tiny):
     from fastdllm.checkpoints import loading
-    from fastdllm.testing.tiny_blockdiff import write_sdar
-    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
-    sdar = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp32")
+    sdar = loading.load(tiny("sdar"), dtype="fp32")
     cfg = DecodeConfig(gen_len=16, block_len=4, dpad_window=8)
     one_line_refusal(lambda: run(sdar.decoder, [[5, 6, 7]], cfg), "attends block-causally and never sees it")
-    gemma = loading.load(write_diffusion_gemma(tmp_path_factory.mktemp("gemma") / "g", canvas_length=16,
-                                               max_denoising_steps=4), dtype="fp32")
+    gemma = loading.load(tiny("diffusion_gemma", canvas_length=16, max_denoising_steps=4), dtype="fp32")
     cfg = DecodeConfig(gen_len=16, block_len=16, rule="threshold", dpad_window=8)
     one_line_refusal(lambda: run(gemma.decoder, [[5, 6, 7]], cfg), "dpad drops masked suffix slots;")
     mask = llada64.specials.mask

@@ -174,13 +174,12 @@ def test_full_block_candidates_change_nothing(dream64, monkeypatch):
     assert padded[0] == default[0] and padded[1].canvas.tolist() == default[1].canvas.tolist()
 
 
-def test_block_causal_blocks_of_four_commit_one_level_a_step(tmp_path_factory):
+def test_block_causal_blocks_of_four_commit_one_level_a_step(tiny):
     """SDAR (not the authors' setting): blocks of 4 are {0,2} {1,3}; the first block's prompt tail
     is no candidate, so a level with nothing masked is skipped, never a step that commits nothing."""
     from fastdllm.checkpoints import loading
-    from fastdllm.testing.tiny_blockdiff import write_sdar
 
-    lm = loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp64")
+    lm = loading.load(tiny("sdar"), dtype="fp64")
     prompt = torch.randint(1000, 30000, (6,), generator=torch.Generator().manual_seed(0)).tolist()   # 6 % 4: off the grid
     cfg = DecodeConfig(gen_len=16, block_len=4, rule="dilated", cache="prefix", early_stop=False)
     (steps,), _ = ours(lm, [prompt], cfg)

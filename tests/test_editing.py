@@ -17,7 +17,6 @@ from helpers import prompt_of, scheduler_answers
 from mask_heavy import heavy_copy, max_mask_probability
 
 from fastdllm.checkpoints import loading
-from fastdllm.testing.tiny_moe import write_llada2_moe
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.combinations import refuse_family
 from fastdllm.decode.engine import run
@@ -28,10 +27,10 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tiny, tmp_path_factory):
     """name -> (float64 LoadedModel, naive reference): the docs' fixture, and its copy whose mask
     row takes real probability (tests/mask_heavy.py)."""
-    path = write_llada2_moe(tmp_path_factory.mktemp("ckpt") / "llada2")
+    path = tiny("llada2_moe")
     lm = loading.load(path, dtype="fp64")
     canvas = prompt_of(5, seed=None) + [lm.specials.mask] * 32
     heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / "llada2", canvas)

@@ -22,8 +22,7 @@ from fastdllm.decode.engine import run
 from fastdllm.decode.events import StepEvent
 from fastdllm.decode.focus import Focus
 from fastdllm.errors import UserError
-from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
-from fastdllm.testing.tiny_moe import write_llada2_2, write_llada2_moe
+from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.testing.tiny_sdar_moe import write_sdar_moe
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
@@ -44,8 +43,8 @@ def sdar(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llada2(tmp_path_factory):
-    path = write_llada2_moe(tmp_path_factory.mktemp("ckpt") / "llada2")
+def llada2(tiny):
+    path = tiny("llada2_moe")
     lm = loading.load(path, dtype="fp64")
     ref_bd.BANNED[:] = [lm.specials.mask]
     yield lm, ref.LLaDA2Layers(ref_moe.NaiveLLaDA2(path)), 32, 4000
@@ -176,7 +175,7 @@ def test_batch_equals_rows_alone(sdar):
         assert batch[2].canvas[row, :alone[2].canvas.shape[1]].tolist() == alone[2].canvas[0].tolist()
 
 
-def test_refusals(sdar, tmp_path, llada_dir):
+def test_refusals(sdar, tiny, llada_dir):
     lm, _, block, high = sdar
     for bad, match in (({"cache": "dual"}, "needs cache prefix"), ({"rule": "klass"}, "rule klass is not combined"),
                        ({"sub_block_len": 8}, "not combined with sub_block_len"), ({"credit": True}, "credit")):
@@ -186,8 +185,8 @@ def test_refusals(sdar, tmp_path, llada_dir):
         DecodeConfig(focus_alpha=0.5)
     prompt = prompt_of(5, 5, high)
     llada = loading.load(llada_dir, dtype="fp64")
-    v2 = loading.load(write_fast_dllm_v2(tmp_path / "v2"), dtype="fp64")
-    routed = loading.load(write_llada2_2(tmp_path / "llada2.2"), dtype="fp64")
+    v2 = loading.load(tiny("fast_dllm_v2"), dtype="fp64")
+    routed = loading.load(tiny("llada2_2"), dtype="fp64")
     for model, match in ((llada, "attends bidirectional"), (v2, "from the slot before it"),
                          (routed, "block routing")):
         with pytest.raises(UserError, match=match):

@@ -37,13 +37,13 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # test
 
 
 @pytest.fixture(scope="session")
-def v2_dir(tmp_path_factory):
-    return write_fast_dllm_v2(tmp_path_factory.mktemp("blockdiff") / "tiny-fast-dllm-v2")
+def v2_dir(tiny):
+    return tiny("fast_dllm_v2")
 
 
 @pytest.fixture(scope="session")
-def sdar_dir(tmp_path_factory):
-    return write_sdar(tmp_path_factory.mktemp("blockdiff") / "tiny-sdar")
+def sdar_dir(tiny):
+    return tiny("sdar")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 
 from fastdllm.checkpoints import loading
-from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2, write_sdar
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.serve.jobs import Failed, Finished, Job, QueueFull, StepUpdate, TextUpdate
@@ -24,13 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def sdar64(tmp_path_factory):
-    return loading.load(write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar"), dtype="fp64")
+def sdar64(tiny):
+    return loading.load(tiny("sdar"), dtype="fp64")
 
 
 @pytest.fixture(scope="module")
-def v264(tmp_path_factory):
-    return loading.load(write_fast_dllm_v2(tmp_path_factory.mktemp("ckpt") / "tiny-v2"), dtype="fp64")
+def v264(tiny):
+    return loading.load(tiny("fast_dllm_v2"), dtype="fp64")
 
 
 class Collector:

@@ -22,7 +22,6 @@ jsonschema = pytest.importorskip("jsonschema")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from fastdllm.checkpoints import loading  # noqa: E402
-from fastdllm.testing.tiny_blockdiff import write_fast_dllm_v2  # noqa: E402
 from fastdllm.decode import profiles  # noqa: E402
 
 BIG = 2 ** 53 + 1                                   # 9007199254740993: no double holds it
@@ -49,8 +48,8 @@ PROMPTS = ["def person():", "Give the answer as JSON."]
 
 
 @pytest.fixture(scope="module")
-def v2(tmp_path_factory):
-    path = write_fast_dllm_v2(tmp_path_factory.mktemp("exact") / "tiny-v2")
+def v2(tiny):
+    path = tiny("fast_dllm_v2")
     return path, loading.load(path, dtype="fp32")
 
 

@@ -22,7 +22,6 @@ from fastdllm.decode.split_head import combine, local_numbers
 from fastdllm.errors import UsageError
 from fastdllm.models.tensor_parallel import Ranks
 from fastdllm.testing.tensor_parallel import decode_cases, run_ranks
-from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.testing.tiny_moe import write_llada_moe
 
 BASE = dict(gen_len=32, block_len=8, threshold=0.7)
@@ -52,8 +51,8 @@ def two_ranks(llada_dir, prompts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sdar_dir(tmp_path_factory):
-    return write_sdar(tmp_path_factory.mktemp("ckpt") / "tiny-sdar")
+def sdar_dir(tiny):
+    return tiny("sdar")
 
 
 @pytest.fixture(scope="module")
