@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 from fastdllm.bench.analyze import analyze, baseline_config, drift_refusal, refusal
 from fastdllm.bench.analyze_report import advice
 from fastdllm.checkpoints import loading
-from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.cli.app import app
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.models.attention import BIDIRECTIONAL
@@ -74,8 +73,8 @@ def test_a_shifted_family_runs(dream64):
     assert all(max(s["k_err"]) == 0.0 for s in data["drift"]["dual"]["steps"] if s["refresh"])
 
 
-def test_block_causal_drift_is_a_one_line_refusal(tmp_path):
-    lm = loading.load(write_sdar(tmp_path / "sdar"), dtype="fp64")
+def test_block_causal_drift_is_a_one_line_refusal(tiny):
+    lm = loading.load(tiny("sdar"), dtype="fp64")
     cfg = DecodeConfig(gen_len=16, block_len=4, cache="dual", rule="threshold", threshold=0.7)
     data = analyze(lm.decoder, lm.encode("hello", chat=False), cfg, sweep=())
     for mode in ("prefix", "dual"):

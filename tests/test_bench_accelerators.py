@@ -83,11 +83,10 @@ def test_a_row_the_sweep_refuses_is_left_out_with_its_line(llada_dir):
         suite_table("fast")
 
 
-def test_block_causal_model_leaves_out_what_the_engine_refuses(tmp_path):
+def test_block_causal_model_leaves_out_what_the_engine_refuses(tiny):
     from fastdllm.checkpoints import loading
-    from fastdllm.testing.tiny_blockdiff import write_sdar
 
-    path = write_sdar(tmp_path / "tiny-sdar")
+    path = tiny("sdar")
     cases, _ = suite_cases(path, 64)
     assert "sdar" in {c.name for c in cases}                                  # the family's own profile
     assert {c.cfg.block_len for c in cases} == {4}                              # the family's block everywhere

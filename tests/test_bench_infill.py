@@ -119,11 +119,10 @@ def test_cli_infill_refusals_are_one_line_before_loading(llada_dir, monkeypatch,
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_block_causal_model_refuses_the_infill_set_before_any_row(tmp_path, monkeypatch):
+def test_block_causal_model_refuses_the_infill_set_before_any_row(tiny, monkeypatch):
     from fastdllm.checkpoints import loading
-    from fastdllm.testing.tiny_blockdiff import write_sdar
 
-    path = write_sdar(tmp_path / "tiny-sdar")
+    path = tiny("sdar")
     lm = loading.load(path, dtype="fp32")
     cases = expand(pick_rows(["baseline"]), Sweep(gen_len=(16,), block_len=(4,)), path, environ=NO_ENV)
     from fastdllm.bench import clock

@@ -209,15 +209,13 @@ def test_debug_shows_the_traceback():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_quantized_8bit_and_4bit_on_cpu(family, request, tmp_path):
+def test_quantized_8bit_and_4bit_on_cpu(family, request):
     if family == "llada":
         path = request.getfixturevalue("llada_dir")
     else:  # bitsandbytes' CPU 4-bit kernel needs rows of at least its block size (64)
         from conftest import VARIED
 
-        from fastdllm.testing.tiny_random import write_dream
-
-        path = write_dream(tmp_path / "dream64", hidden_size=64, intermediate_size=128, **VARIED)
+        path = request.getfixturevalue("tiny")("dream", hidden_size=64, intermediate_size=128, **VARIED)
     sizes = {}
     for quantize in ("none", "8bit", "4bit"):
         r = invoke("generate", "-m", path, *SMALL, "--json", "--quantize", quantize, "--dtype", "bf16", "Hi")

@@ -269,11 +269,10 @@ def test_other_rules_and_dream_read_the_fused_logits(llada64, dream64):
             assert steps != ours(lm, prompt, DecodeConfig(**{**cfg.to_dict(), "credit": False}))[0]
 
 
-def test_renoising_family_refused_in_one_line(tmp_path):
+def test_renoising_family_refused_in_one_line(tiny):
     from fastdllm.checkpoints import loading
-    from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
-    lm = loading.load(write_diffusion_gemma(tmp_path / "gemma", canvas_length=16, max_denoising_steps=4), dtype="fp32")
+    lm = loading.load(tiny("diffusion_gemma", canvas_length=16, max_denoising_steps=4), dtype="fp32")
     cfg = DecodeConfig(gen_len=16, block_len=16, rule="threshold", credit=True)
     with pytest.raises(UserError) as error:
         run(lm.decoder, [[5, 6, 7]], cfg)

@@ -16,7 +16,6 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 from helpers import TASKS, one_error  # noqa: E402
 
-from fastdllm.testing.tiny_blockdiff import write_sdar  # noqa: E402
 from fastdllm.decode.config import DecodeConfig  # noqa: E402
 from fastdllm.decode.engine import run  # noqa: E402
 from fastdllm.errors import UserError  # noqa: E402
@@ -106,10 +105,10 @@ def test_trailing_spaces_of_the_context_go_to_the_continuation(llada64):
     assert context == harness.encode("x =") and context + target == harness.encode("x = 1")
 
 
-def test_block_causal_families_refuse_likelihoods(tmp_path):
+def test_block_causal_families_refuse_likelihoods(tiny):
     from fastdllm.checkpoints import loading
 
-    lm = loading.load(write_sdar(tmp_path / "tiny-sdar"), dtype="fp32")
+    lm = loading.load(tiny("sdar"), dtype="fp32")
     harness = FastdllmLM(lm=lm, cfg=DecodeConfig(gen_len=8, block_len=4))
     with pytest.raises(UserError, match="causal between blocks"):
         harness.loglikelihood([request("loglikelihood", ("a", " b"))])

@@ -9,7 +9,6 @@ import torch
 from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
-from fastdllm.testing.tiny_blockdiff import write_sdar
 from fastdllm.decode import infill
 from fastdllm.decode.canvas import plan_infill
 from fastdllm.decode.config import DecodeConfig
@@ -159,8 +158,8 @@ def test_adjacent_holes_are_one_masked_span_reported_per_placeholder(llada64):
     assert two == [one[0][:3], one[0][3:]]
 
 
-def test_block_causal_families_refuse_infilling(tmp_path):
-    path = write_sdar(tmp_path / "tiny-sdar")
+def test_block_causal_families_refuse_infilling(tiny):
+    path = tiny("sdar")
     lm = loading.load(path, dtype="fp32")
     f = filling_of(lm, "x = <|mask:4|>\n")
     with pytest.raises(UserError, match="tiny-sdar cannot fill holes: its attention is causal between blocks"):

@@ -10,14 +10,13 @@ from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.thinking import without_thought
-from fastdllm.testing.tiny_gemma import write_diffusion_gemma
 
 OPEN, CLOSE = 100, 101                 # Gemma-4's ids
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
-    return loading.load(write_diffusion_gemma(tmp_path_factory.mktemp("ckpt") / "gemma-think"), dtype="fp32")
+def gemma(tiny):
+    return loading.load(tiny("diffusion_gemma"), dtype="fp32")
 
 
 @pytest.mark.parametrize("ids, kept", [
@@ -39,10 +38,8 @@ def test_the_answer_text_leaves_the_thought_out(gemma):
     assert "secret" in gemma.tokenizer.decode(ids, skip_special_tokens=True)     # what it would show otherwise
 
 
-def test_families_without_the_channel_keep_their_text(tmp_path):
-    from fastdllm.testing.tiny_random import write_llada
-
-    lm = loading.load(write_llada(tmp_path / "llada"), dtype="fp32")
+def test_families_without_the_channel_keep_their_text(tiny):
+    lm = loading.load(tiny("llada"), dtype="fp32")
     assert lm.thought is None
     ids = lm.tokenizer("a plain answer", add_special_tokens=False)["input_ids"]
     assert lm.detokenize(ids) == lm.tokenizer.decode(ids, skip_special_tokens=True)
@@ -61,13 +58,12 @@ def test_chat_think_switches_the_template(gemma, monkeypatch):
         assert seen and set(seen) == {thinking}
 
 
-def test_qwen3_think_prefills_an_opened_thought(tmp_path):
+def test_qwen3_think_prefills_an_opened_thought(tiny):
     """SDAR's Qwen3 template: thinking on changes nothing in the prompt (the model's choice), so
     `--think` opens the thought itself, as TraDo-8B-Thinking is prompted; `--no-think` is the
     template's empty thought; the answer's text starts after the thought's close."""
-    from fastdllm.testing.tiny_blockdiff import write_sdar
 
-    lm = loading.load(write_sdar(tmp_path / "sdar"), dtype="fp32")
+    lm = loading.load(tiny("sdar"), dtype="fp32")
     think, close = lm.tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     assert lm.thought == (think, close)
     text = lm.tokenizer.decode
