@@ -26,10 +26,8 @@ PROMPTS = ["Hi.", "What is 2 + 2?"]
 
 
 @pytest.fixture(scope="module")
-def rnd1_dir(tmp_path_factory):
-    from fastdllm.testing.tiny_rnd1 import write_rnd1
-
-    return write_rnd1(tmp_path_factory.mktemp("ckpt") / "tiny-rnd1", dtype=torch.float32)
+def rnd1_dir(tiny):
+    return tiny("rnd1", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from fastdllm.checkpoints.locate import resolve_model_dir
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
 from fastdllm.models.cpu_quant import Int8Linear
-from fastdllm.testing.tiny_moe import EOS_ID, MASK_ID, write_llada_moe
+from fastdllm.testing.tiny_moe import EOS_ID, MASK_ID
 
 from one_line import one_line_refusal
 from gguf_writer import CONVERTER_MASK, folder_weights, round_tripped, write_llada_moe_gguf
@@ -31,8 +31,8 @@ ROUTER = ("mlp.gate.weight",)           # the converter keeps FFN_GATE_INP in F3
 
 
 @pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    return write_llada_moe(tmp_path_factory.mktemp("ckpt") / "tiny-llada-moe", dtype=torch.float32)
+def moe_dir(tiny):
+    return tiny("llada_moe", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

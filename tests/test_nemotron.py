@@ -24,8 +24,8 @@ PROMPT = torch.randint(1000, 1256, (2, 41), generator=torch.Generator().manual_s
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return write_nemotron(tmp_path_factory.mktemp("nemotron") / "tiny-nemotron", dtype=torch.float32)
+def tiny_dir(tiny):
+    return tiny("nemotron", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

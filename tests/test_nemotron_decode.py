@@ -13,7 +13,7 @@ import torch
 import reference_nemotron as ref
 
 from fastdllm.checkpoints.loading import load
-from fastdllm.testing.tiny_nemotron import EOS_ID, write_nemotron
+from fastdllm.testing.tiny_nemotron import EOS_ID
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import generate
 from fastdllm.decode.events import BlockEvent, Result, StepEvent
@@ -24,8 +24,8 @@ L = 8
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return write_nemotron(tmp_path_factory.mktemp("nemotron") / "tiny", dtype=torch.float32, block_size=L)
+def tiny_dir(tiny):
+    return tiny("nemotron", dtype=torch.float32, block_size=L)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import reference_nemotron as ref
 from helpers import BYTE_IDS, prompt_of, upto_stop
 
 from fastdllm.checkpoints.loading import load
-from fastdllm.testing.tiny_nemotron import write_nemotron
 from fastdllm.decode.engine import run
 from fastdllm.decode.profiles import Profile, default_profile_for, find, resolve
 
@@ -21,9 +20,8 @@ NO_ENV: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return write_nemotron(tmp_path_factory.mktemp("nemotron") / "tiny", dtype=torch.float32, block_size=L,
-                          favoured=2, favour_scale=8.0)
+def tiny_dir(tiny):
+    return tiny("nemotron", dtype=torch.float32, block_size=L, favoured=2, favour_scale=8.0)
 
 
 def drafts(flags, environ=NO_ENV, profile="nemotron-diffusion", model_dir=None):
