@@ -80,14 +80,10 @@ def decode(lm) -> list:
 
 
 @pytest.fixture(scope="module")
-def folders(llada_dir, dream_dir, tmp_path_factory):
-    from fastdllm.testing.tiny_moe import write_llada_moe
-    from fastdllm.testing.tiny_rnd1 import write_rnd1
-
-    root = tmp_path_factory.mktemp("converter")
+def folders(llada_dir, dream_dir, tiny):
     return {"llada": llada_dir, "dream": dream_dir,
-            "llada-moe": write_llada_moe(root / "tiny-llada-moe", dtype=torch.float32),
-            "rnd1": write_rnd1(root / "tiny-rnd1", dtype=torch.float32)}
+            "llada-moe": tiny("llada_moe", dtype=torch.float32),
+            "rnd1": tiny("rnd1", dtype=torch.float32)}
 
 
 @pytest.mark.parametrize("family", ["llada", "dream", "llada-moe", "rnd1"])
