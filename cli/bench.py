@@ -162,7 +162,7 @@ def bench(
             err_console.print(f"note: --{param} is ignored: no selected row uses it", style="yellow")
 
     world = world or parallel.join(num_processes, placement)
-    lm = load_model(model_dir, ranks=ranks, **placement)
+    lm = load_model(model_dir, ranks=ranks, **placement) if ranks else load_model(model_dir, **placement)
     constraint = compile_for(spec, lm)
     if chosen is None:
         chosen = prompts.builtin(prompts.default_set(model_dir, lm.has_chat_template and chat is not False)).take(n)
