@@ -55,7 +55,7 @@ def main() -> None:
         texts = [data.read(p) for p in data.corpus_files()[0]]
         stream = torch.tensor([i for enc in tok.encode_batch(texts) for i in enc.ids + [ids[tokenizer.EOS]]])
         functions = [f for text in texts for f in data.functions(text)]
-    rows = mixture.Mixture(tok, stream, functions, ids, mixture.row_lengths(args.rows), weights)
+    rows = mixture.Mixture(tok, stream, functions, ids, mixture.shares(args.rows), weights)
     vocab = tok.get_vocab_size()
     config = LLaDAConfig(d_model=args.d_model, n_heads=args.d_model // 32, n_kv_heads=args.d_model // 32,
                          n_layers=args.layers, mlp_hidden_size=3 * args.d_model, vocab_size=vocab,

@@ -287,3 +287,16 @@ def test_repeat_rows_draw_from_the_digits_a_short_alphabet_or_the_whole_vocabula
             n = next(n for n in range(8, 65) if row[:n] == row[n + 1:2 * n + 1])
             kinds["digits" if set(row[:n]) <= set(digits) else "other"] += 1
     assert 25 <= kinds["digits"] <= 52 and kinds["other"] >= 8     # 60% of 64 rows are digits
+
+
+def test_a_curriculum_stage_sets_the_repeat_alphabets():
+    tok, ids = _char_tokenizer()
+    digits = set(mixture.repeat_alphabet(tok, set(ids.values()), 10))
+    mix = mixture.Mixture(tok, torch.arange(10, 2000), [], ids, row_lengths=((128, 1.0),),
+                          weights=mixture.weights_of("repeat:1"), repeat_alphabets=mixture.shares("10:1"))
+    rows = mix.batch(16, random.Random(3))[0].tolist()
+    firsts = [row[:8] for row in rows]
+    assert all(set(first) <= digits for first in firsts)
+    mix.repeat_alphabets = mixture.shares("0:1")      # the whole vocabulary: digits only by chance
+    rows = mix.batch(16, random.Random(3))[0].tolist()
+    assert sum(set(row[:8]) <= digits for row in rows) == 0

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import autocast, device_of
-from .mixture import PROMPTED, WEIGHTS, Mixture, MixtureSource, row_lengths
+from .mixture import PROMPTED, WEIGHTS, Mixture, MixtureSource, shares
 
 
 def semi_ar_masks(prompt_len: torch.Tensor, L: int, rng: random.Random, block: int = 32, ratio: float = 0.5):
@@ -70,7 +70,7 @@ class CertaintySource(MixtureSource):
     def __init__(self, cfg, tok, ids: dict[str, int], texts: list[str]):
         self.cfg, self.tok, self.ids, self.rng = cfg, tok, ids, random.Random(cfg.seed + 1)
         tasks = {k: WEIGHTS[k] for k in PROMPTED if k.startswith(("gsm", "code"))}   # the graded kinds
-        self.mixture = Mixture(tok, torch.zeros(0, dtype=torch.long), [], ids, row_lengths(cfg.row_lengths), tasks)
+        self.mixture = Mixture(tok, torch.zeros(0, dtype=torch.long), [], ids, shares(cfg.row_lengths), tasks)
 
     def describe(self) -> str:
         return f"generated task rows {self.mixture.weights}, entropy weight {self.cfg.entropy_weight}"

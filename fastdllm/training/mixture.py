@@ -30,7 +30,7 @@ from . import data, function_tasks, tokenizer, word_problems
 # and gave way to made-up names: word_problems.NOVEL_SHARE.)
 WEIGHTS = {"gsm_raw": 0.22, "gsm_chat": 0.12, "arith": 0.08, "code_raw": 0.22, "code_chat": 0.08,
            "stdlib_window": 0.04, "stdlib_function": 0.04, "echo": 0.12, "repeat": 0.08}
-REPEAT_ALPHABETS = ((0.6, 10), (0.2, 32), (0.2, 0))   # (share, size); 10: the digits, 0: the whole vocabulary
+REPEAT_ALPHABETS = "10:0.6,32:0.2,0:0.2"   # size:share; 10: the digits, 0: the whole vocabulary (a curriculum stage widens it)
 UNPROMPTED = ("stdlib_window", "arith", "repeat")      # rows of any length, every token may be masked
 TIGHT_LIMIT = 192        # a tight batch's longest row before its padding
 TIGHT_GROUP = 8          # batches drawn at once and sorted into groups of like lengths
@@ -81,6 +81,7 @@ class Mixture:
     ids: dict[str, int]
     row_lengths: tuple[tuple[int, float], ...] = ((0, 0.85), (256, 0.10), (512, 0.05))
     weights: dict[str, float] = field(default_factory=lambda: dict(WEIGHTS))
+    repeat_alphabets: tuple[tuple[int, float], ...] = ()   # (size, share); () : REPEAT_ALPHABETS
     pending: list = field(default_factory=list)     # tight batches drawn and not yet used (resume state)
 
     def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,9 +149,10 @@ class Mixture:
         return torch.tensor(ids[:L])
 
     def repeat_row(self, rng: random.Random, L: int) -> torch.Tensor:
-        """n random tokens of one of REPEAT_ALPHABETS (8 <= n <= 64, both copies within L), a
+        """n random tokens of one of the repeat alphabets (8 <= n <= 64, both copies within L), a
         newline, the same n tokens, then end-of-text padding to L."""
-        size = rng.choices([a for _, a in REPEAT_ALPHABETS], [w for w, _ in REPEAT_ALPHABETS])[0]
+        alphabets = self.repeat_alphabets or shares(REPEAT_ALPHABETS)
+        size = rng.choices([n for n, _ in alphabets], [w for _, w in alphabets])[0]
         alphabet = repeat_alphabet(self.tok, set(self.ids.values()), size)
         n = rng.randint(8, max(8, min(64, (L - 2) // 2)))
         seq = [rng.choice(alphabet) for _ in range(n)]
@@ -225,8 +227,9 @@ def weights_of(spec: str) -> dict[str, float]:
     return weights
 
 
-def row_lengths(spec: str) -> tuple[tuple[int, float], ...]:
-    """"0:0.85,256:0.1,512:0.05" -> ((0, 0.85), (256, 0.1), (512, 0.05)): row length (0: tight), share of batches."""
+def shares(spec: str) -> tuple[tuple[int, float], ...]:
+    """"0:0.85,256:0.1,512:0.05" -> ((0, 0.85), (256, 0.1), (512, 0.05)): a size (row length, 0: tight;
+    repeat alphabet, 0: the whole vocabulary) and its share."""
     return tuple((int(n), float(w)) for n, w in (part.split(":") for part in spec.split(",")))
 
 
@@ -238,8 +241,8 @@ class MixtureSource:
         for enc in tok.encode_batch(texts):
             stream.extend(enc.ids + [ids[tokenizer.EOS]])
         functions = [f for text in texts for f in data.functions(text)]
-        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, row_lengths(cfg.row_lengths),
-                               weights_of(cfg.mixture_weights))
+        self.mixture = Mixture(tok, torch.tensor(stream), functions, ids, shares(cfg.row_lengths),
+                               weights_of(cfg.mixture_weights), shares(cfg.repeat_alphabets))
         self.cfg, self.tok, self.ids, self.rng = cfg, tok, ids, random.Random(cfg.seed)
 
     def describe(self) -> str:

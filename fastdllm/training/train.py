@@ -37,6 +37,7 @@ class TrainConfig:
     loss_weight: str = "elbo"        # tiny-llada: "elbo" (1/t per masked token, LLaDA's loss) or "flat" (1 each:
                                      # scripts/copy_task.py: a d128 2-layer model copies 16 random tokens at 0.13 after 400 steps, 0.02 with 1/t)
     row_lengths: str = "0:0.85,256:0.1,512:0.05"   # tiny-llada: row length (0: tight):share of batches
+    repeat_alphabets: str = mixture.REPEAT_ALPHABETS   # tiny-llada: repeat rows' alphabet size:share (mixture.py)
     mixture_weights: str = "mixture"  # tiny-llada: the rows' kinds, "kind:share,..." (a curriculum stage), or the recipe's WEIGHTS
     decay_minutes: float | None = None   # constant lr, then linear decay over a run's last minutes
     gen_len: int | None = None       # generation_config's default generation length (seq_len // 2)
