@@ -14,10 +14,13 @@ from ..errors import UserError
 from .gguf_arch import Arch, arch_of, check_common, decimal, dream_config, llada_moe_config, rnd1_config, specials
 
 FLOATS = ("F32", "F16", "BF16")
-QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")      # kept quantized on a CPU (gguf_int8.py, gguf_int4.py)
+# kept quantized on a CPU (gguf_int8.py, gguf_int4.py). Q4_1 / Q5_0 / Q5_1 are what llama-quantize writes
+# where a row is not a multiple of 256 (its tensor_type_fallback: Q4_K -> Q5_0, Q5_K -> Q5_1; Q4_1 in
+# a Q4_0 file's first ffn_down layers with an imatrix), so a Q4_K_M file of a small model holds them
+QUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 READS = FLOATS + QUANTIZED                                # the tensor types fastdllm takes (docs/specs/gguf.md 4)
 DEQUANTIZED = QUANTIZED                                   # into the compute dtype where not kept quantized
-FOUR_BIT = ("Q4_0", "Q4_K")                               # int4 by default on a CPU (gguf_int4.py)
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")                       # int4 by default on a CPU (gguf_int4.py)
 CHUNK = 1 << 22              # values dequantized at a time: 16 MiB of float32 and the package's temporaries
 
 
@@ -185,8 +188,8 @@ def state_dict(path: Path, config: dict, dtype) -> dict:
 
 def row_chunks(t: GGUFTensor):
     """(first row, float32 numpy (rows, K)) over the tensor's rows in the file's order (experts
-    stacked: E * out rows), CHUNK values at a time: the gguf package's dequantization (exact in
-    float32 for every type read here) never holds more than a chunk and its temporaries."""
+    stacked: E * out rows), CHUNK values at a time: the gguf package's dequantization (float32, as
+    llama.cpp's own dequantize_row_*; docs/specs/gguf.md 4) never holds more than a chunk and its temporaries."""
     import numpy as np
 
     gguf = gguf_module()

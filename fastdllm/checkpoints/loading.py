@@ -137,7 +137,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         config.experts_apart = model_cls.packed_experts is not None
     from safetensors import SafetensorError
 
-    kernel_for = kernels_for(quantize) if gguf is not None else None
+    kernel_for = kernels_for(quantize, gguf.get("types", ())) if gguf is not None else None
     kept = kernel_for is not None and any(t in DEQUANTIZED for t in gguf.get("types", ()))
     try:
         if kept:              # quantized tensors straight into int8 / int4 (gguf_int8.py): no bf16 copy of them
@@ -151,13 +151,16 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         if "offload_folder" in kwargs:          # the layers on disk read it as long as the model lives
             weakref.finalize(model, shutil.rmtree, kwargs["offload_folder"], ignore_errors=True)
         model_cls.check_loaded(report)
-        if kept:
+        parameters = None
+        if kept:              # counted while the kept linears' stand-ins are still parameters
+            parameters = sum(p.numel() for p in model.parameters())
             placed = place_kept(model, kwargs.pop("state_dict"), codes, torch_dtype)
         if getattr(config, "experts_apart", False):
             load_experts_apart(model, path, kwargs["quantization_config"])
         model.read_files(path)                  # files beside the weights (Nemotron's linear_spec_lora)
         model.eval().prepare_for_inference(pack=pack_weights and not cpu_quant)
-        parameters = sum(p.numel() for p in model.parameters())
+        if parameters is None:
+            parameters = sum(p.numel() for p in model.parameters())
         if cpu_quant:
             quantized = cpu_quantize(model, quantize, torch_dtype, pack_weights, model_cls.quantize_skip)
         elif quantize != "none":
