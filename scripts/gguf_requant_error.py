@@ -1,6 +1,7 @@
 """How far fastdllm's int4 and int8 kernels' weights are from a GGUF tensor's own values (docs/specs/gguf.md 11).
 
-For each GGUF type (Q4_0 by the gguf package's quantizer; Q4_K, Q5_K, Q6_K by checkpoints/gguf_kquants.py)
+For each GGUF type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 by the gguf package's quantizer, which is llama.cpp's
+reference quantizer of those types; Q4_K, Q5_K, Q6_K by checkpoints/gguf_kquants.py)
 and two kinds of weights (normal, and Student-t with 4 degrees of freedom: heavy tails), prints the
 relative RMS error of: the GGUF type against the original weights; fastdllm's int4 (quantize_int4) and
 int8 (quantize_int8, bf16 scales) of the gguf package's dequantization against that dequantization;
@@ -25,7 +26,7 @@ def gguf_round_trip(w: np.ndarray, qtype: str) -> np.ndarray:
     import gguf
 
     kind = gguf.GGMLQuantizationType[qtype]
-    raw = gguf.quants.quantize(w, kind) if qtype in ("Q4_0", "Q8_0") else quantize_kquant(w, qtype)
+    raw = quantize_kquant(w, qtype) if qtype.endswith("_K") else gguf.quants.quantize(w, kind)
     return gguf.quants.dequantize(raw, kind)
 
 
@@ -56,7 +57,7 @@ def main() -> None:
         w = (w * 0.02).astype(np.float32)
         orig = torch.from_numpy(w)
         print(f"{kind:<13} {'(none)':<9} {'':>12} {rel(int4_of(orig), orig):>12.2%} {rel(int8_of(orig), orig):>12.2%}")
-        for qtype in ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"):
+        for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"):
             deq = torch.from_numpy(gguf_round_trip(w, qtype))
             four = int4_of(deq)
             exact = int((four == deq).all(1).sum())
