@@ -17,7 +17,8 @@ folder standing for it, fastdllm/checkpoints/gguf_folder.py). Per file:
   + threshold 0.9, at the precision the file's weights map to (F32 fp32, F16/BF16 bf16, Q8_0
   --quantize int8 straight from the file, Q4_0/Q4_K(_M) int4: what a 4-bit file gets on a CPU by
   default); --fastdllm-precision overrides it.
-Peak RSS: llama.cpp's runs' own; fastdllm's from one more run in a process of its own (llamacpp_runs).
+Peak RSS, every row: llama.cpp's runs' own; fastdllm's from one more run of the row's setting in a
+process of its own (llamacpp_runs).
 Threads: the same fixed --threads for both (no thread watch: fastdllm does not give way to a busy
 core here, so both sides see the same load).
 
@@ -77,7 +78,8 @@ def file_rows(bins, path: Path, lm, prompt: list[int], lq: str, fq: str, a) -> l
     fwd_cfg, best_cfg = cfg_of(a, "sequential", "none", a.fwd_steps), cfg_of(a, "threshold", "dual")
     add("llama.cpp", f"block {a.block_len}, {per_block}/block, uncached", lq,
         lambda: llama(bins, path, prompt, a, steps=per_block * blocks), "forward")
-    add("fastdllm", f"sequential, {per_block}/block, cache none", fq, lambda: fastdllm(lm, prompt, fwd_cfg), "forward")
+    add("fastdllm", f"sequential, {per_block}/block, cache none", fq, lambda: fastdllm(lm, prompt, fwd_cfg), "forward",
+        fwd_cfg)                                     # a cfg: this row's peak RSS is measured too (fastdllm_peaks)
     add("llama.cpp", f"block {a.block_len}, 1 token/step", lq,
         lambda: llama(bins, path, prompt, a, steps=a.block_len * blocks), "e2e")
     add("fastdllm", f"threshold {a.threshold:g}, DualCache", fq, lambda: fastdllm(lm, prompt, best_cfg), "e2e", best_cfg)
