@@ -67,6 +67,9 @@ class DiffusionLM(PreTrainedModel):
     portable_4bit_layers = 0
     # RoPE on the first rotary_dim dims of each head (partial rotary; None: all of head_dim).
     rotary_dim: int | None = None
+    # The output head's module path (its tensor-name prefix). The family always sets that attribute:
+    # the Linear, or None when tied to the input embedding. None here: tied by design (DiffusionGemma).
+    head_name: str | None = "lm_head"
     # Set by each family: number of KV heads, head size, RoPE base, end-of-turn discovery aside.
     n_heads: int
     n_kv_heads: int
@@ -77,7 +80,21 @@ class DiffusionLM(PreTrainedModel):
     embed: nn.Embedding
     blocks: nn.ModuleList
     final_norm: RMSNorm
-    output_head: nn.Linear | None  # None when tied to the input embedding
+
+    @property
+    def output_head(self) -> nn.Module | None:
+        """The module at `head_name`; None when tied to the input embedding."""
+        if self.head_name is None:
+            return None
+        parent, _, name = self.head_name.rpartition(".")
+        return getattr(self.get_submodule(parent), name)
+
+    def set_output_head(self, head: nn.Module | None) -> None:
+        """Put `head` at `head_name` (a quantized or split head; None: tie it to the embedding)."""
+        if self.head_name is None:
+            raise ValueError(f"{type(self).__name__}: its head is the embedding, no other can be placed")
+        parent, _, name = self.head_name.rpartition(".")
+        setattr(self.get_submodule(parent), name, head)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         if self.output_head is None:
@@ -184,7 +201,7 @@ class DiffusionLM(PreTrainedModel):
         std = getattr(self.config, "initializer_range", None) or getattr(self.config, "init_std", 0.02)
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
+            if isinstance(module, nn.Linear) and module.bias is not None:     # an Embedding has none
                 nn.init.zeros_(module.bias)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
@@ -211,8 +228,8 @@ class DecoderStack(DiffusionLM):
         setattr(self.model, self.embed_name, nn.Embedding(config.vocab_size, config.hidden_size))
         self.model.layers = nn.ModuleList(layers)
         self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_word_embeddings else \
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.rope_theta = config.rope_theta
 
@@ -227,7 +244,3 @@ class DecoderStack(DiffusionLM):
     @property
     def final_norm(self):
         return self.model.norm
-
-    @property
-    def output_head(self):
-        return getattr(self, "lm_head", None)

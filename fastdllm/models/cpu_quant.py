@@ -166,13 +166,8 @@ def _replace(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
 
 
 def _set_head(model: nn.Module, head: nn.Module) -> None:
-    """In place of the family's head module (`lm_head`, LLaDA's `ff_out`), or where the family
-    looks for one when tied (DecoderStack: `lm_head`; LLaDA: `model.transformer.ff_out`)."""
-    if model.output_head is not None:
-        _replace(model, model.output_head, head)
-    elif hasattr(getattr(model, "model", None), "transformer"):
-        model.model.transformer.ff_out = head
-    else:
-        model.lm_head = head
-    if model.output_head is not head:
+    """At the family's `head_name` (`lm_head`, LLaDA's `model.transformer.ff_out`), in place of
+    its head or, tied, where it looks for one."""
+    if model.head_name is None:
         raise ValueError(f"{type(model).__name__}: cannot place a quantized output head")
+    model.set_output_head(head)

@@ -116,6 +116,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     sampler = "renoise"                 # decode/renoise.py decodes it, not the mask loop
     uses_mask = False                   # its `<mask>` (id 4) is never used: the canvas is noise, not masks
     cuda_graphs = False                 # the MoE routing sizes its matmuls on the host
+    head_name = None                    # tied to the embedding (output_head None)
     # 8/4-bit: bitsandbytes quantizes nn.Linear modules, and the published experts (90% of the
     # weights) are 3-D tensors: a quantized model holds them as per-expert linears (ExpertLinears),
     # read from the shards apart (checkpoints/packed_experts.py). The router is not quantized: it
@@ -167,8 +168,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
     @property
     def final_norm(self) -> GemmaRMSNorm:
         return self.model.decoder.norm
-
-    output_head = None                  # tied to the embedding
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Tied head, then the logits in fp32, soft-capped: cap * tanh(logits / cap)."""

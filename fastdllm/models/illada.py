@@ -93,8 +93,8 @@ class ILLaDAForCausalLM(QwenLM):
     def read_files(self, folder: Path) -> None:
         """tie_word_embeddings false but no lm_head.weight in the shards: the embedding is the head,
         as the third-party loaders tie it (docs/specs/illada.md 1.2)."""
-        if getattr(self, "lm_head", None) is not None and "lm_head.weight" not in stored_names(Path(folder)):
-            del self.lm_head
+        if self.lm_head is not None and "lm_head.weight" not in stored_names(Path(folder)):
+            self.set_output_head(None)
 
 
 def stored_names(folder: Path) -> set[str]:

@@ -109,7 +109,7 @@ def keep_4bit_portable(lin: nn.Module) -> bool:
 
 
 def linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    if getattr(lin.weight, "is_mkldnn", False):
+    if lin.weight.is_mkldnn:           # every linear's weight is a tensor (packed ones: pack_linear)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lin.weight, lin.bias, "none", [], "")
     return lin(x)
 
@@ -129,7 +129,7 @@ def project_values(x: torch.Tensor, q_proj: nn.Module, k_proj: nn.Module, v_proj
     if sizes is None:
         return linear(x, v_proj)
     w, b, lo = q_proj.weight, q_proj.bias, sizes[0] + sizes[1]
-    if getattr(w, "is_mkldnn", False):
+    if w.is_mkldnn:
         return project(x, q_proj, k_proj, v_proj)[2]
     return F.linear(x, w[lo:], None if b is None else b[lo:])
 

@@ -103,6 +103,7 @@ class LLaDAModelLM(DiffusionLM):
     config_class = LLaDAConfig
     _no_split_modules = ["LLaDABlock"]
     feature_cache = True     # its block hosts dLLM-Cache's layer (models/feature_cache.py)
+    head_name = "model.transformer.ff_out"
 
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)
@@ -110,8 +111,7 @@ class LLaDAModelLM(DiffusionLM):
         t.wte = nn.Embedding(config.embedding_size, config.d_model)
         t.blocks = nn.ModuleList(LLaDABlock(config) for _ in range(config.n_layers))
         t.ln_f = RMSNorm(config.d_model, config.rms_norm_eps)
-        if not config.weight_tying:
-            t.ff_out = nn.Linear(config.d_model, config.embedding_size, bias=False)
+        t.ff_out = None if config.weight_tying else nn.Linear(config.d_model, config.embedding_size, bias=False)
         self.model = nn.Module()
         self.model.transformer = t
         self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
@@ -129,10 +129,6 @@ class LLaDAModelLM(DiffusionLM):
     @property
     def final_norm(self):
         return self.model.transformer.ln_f
-
-    @property
-    def output_head(self):
-        return getattr(self.model.transformer, "ff_out", None)
 
 
 # config.json's model_type -> the classes that read it (models/registry.py)

@@ -129,6 +129,7 @@ class Router(nn.Module):
         self.routing = routing
         self.kept: tuple[torch.Tensor, torch.Tensor] | None = None
         self.weight = nn.Parameter(torch.empty(routing.experts, d))
+        self.holds_bias = expert_bias              # the buffer exists only where the checkpoint has the tensor
         if expert_bias:
             self.register_buffer("expert_bias", torch.zeros(routing.experts))
 
@@ -138,7 +139,7 @@ class Router(nn.Module):
             logits = F.linear(x, self.weight.to(x.dtype)).to(dtype)        # (N, E)
         else:
             logits = F.linear(x.to(dtype), self.weight.to(dtype))          # (N, E)
-        bias = getattr(self, "expert_bias", bias)
+        bias = self.expert_bias if self.holds_bias else bias
         bias = None if bias is None else bias.to(dtype)
         if self.routing.capacity is not None:
             if blocks is None:
@@ -199,7 +200,8 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.gate = Router(d, routing, expert_bias=expert_bias == "gate")
         self.experts = nn.ModuleList(SwiGLU(d, inner) for _ in range(routing.experts))
-        if expert_bias == "mlp":
+        self.holds_bias = expert_bias == "mlp"     # the buffer exists only where the checkpoint has the tensor
+        if self.holds_bias:
             self.register_buffer("expert_bias", torch.zeros(routing.experts))
         if shared:
             self.shared_experts = SwiGLU(d, shared)
@@ -212,7 +214,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, blocks: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, S, d); blocks (B, S): each token's routing block (block routing only)."""
         flat = x.reshape(-1, x.shape[-1])                                 # (N, d)
-        weights, chosen = self.gate(flat, getattr(self, "expert_bias", None),
+        weights, chosen = self.gate(flat, self.expert_bias if self.holds_bias else None,
                                     None if blocks is None else blocks.reshape(-1))
         y = run_experts(flat, weights, chosen, self.experts).to(x.dtype).view_as(x)
         if hasattr(self, "shared_experts"):

@@ -146,6 +146,7 @@ class NemotronLabsDiffusionModel(DiffusionLM):
     _no_split_modules = ["NemotronLayer"]
     sampler = "seeded"                  # decode/seeded.py: causal seed, bidirectional block, causal commit
     attention = Attention("causal-encoder")
+    head_name = "diffusion_head"
 
     def __init__(self, config: NemotronLabsDiffusionConfig):
         super().__init__(config)
@@ -181,10 +182,6 @@ class NemotronLabsDiffusionModel(DiffusionLM):
     @property
     def final_norm(self) -> RMSNorm:
         return self.encoder.norm
-
-    @property
-    def output_head(self) -> nn.Linear:
-        return self.diffusion_head
 
     # --- the two modes ---------------------------------------------------------------------------
     def encode(self, ids: torch.Tensor, start: int, cache: CanvasCache) -> torch.Tensor:

@@ -164,6 +164,7 @@ class SteerlingForCausalLM(DiffusionLM):
     base_model_prefix = "steerling"
     _no_split_modules = ["SteerlingBlock"]
     sampler = "steerling"            # decode/steerling.py: generate_full's prompt-aligned blocks
+    head_name = "transformer.lm_head"
     cuda_graphs = False
 
     def __init__(self, config: SteerlingConfig):
@@ -172,8 +173,7 @@ class SteerlingForCausalLM(DiffusionLM):
         t.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         t.blocks = nn.ModuleList(SteerlingBlock(config) for _ in range(config.n_layers))
         t.ln_f = SteerlingRMSNorm(config.n_embd, config.norm_eps)
-        if not config.weight_sharing:
-            t.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        t.lm_head = None if config.weight_sharing else nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer = t
         self.n_heads, self.n_kv_heads = config.n_head, config.n_kv_heads
         self.head_dim, self.rope_theta = config.n_embd // config.n_head, config.rope_base
@@ -208,10 +208,6 @@ class SteerlingForCausalLM(DiffusionLM):
     @property
     def final_norm(self):
         return self.transformer.ln_f
-
-    @property
-    def output_head(self):
-        return getattr(self.transformer, "lm_head", None)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, SteerlingRMSNorm):

@@ -29,7 +29,6 @@ HEADS_IN, MLP_IN = "heads_in", "mlp_in"                        # input columns o
 class Layout:
     name: str                   # for messages
     linears: dict[str, str]     # a block linear's name inside its block -> its split
-    head: str                   # the vocabulary head's module path (made when the family ties it)
     heads: str                  # config keys: attention heads, KV heads, the MLP sizes split (None: absent)
     kv_heads: str
     mlp: tuple[str, ...]
@@ -45,11 +44,11 @@ SHARED = {"shared_expert.gate_proj": MLP, "shared_expert.up_proj": MLP, "shared_
 LAYOUTS = {
     "LLaDAModelLM": Layout("LLaDA", {"q_proj": HEADS, "k_proj": KV_HEADS, "v_proj": KV_HEADS, "attn_out": HEADS_IN,
                                      "ff_proj": MLP, "up_proj": MLP, "ff_out": MLP_IN},
-                           head="model.transformer.ff_out", heads="n_heads", kv_heads="n_kv_heads",
+                           heads="n_heads", kv_heads="n_kv_heads",
                            mlp=("mlp_hidden_size",), tied="weight_tying"),
-    "SDARForCausalLM": Layout("SDAR", QWEN, head="lm_head", heads="num_attention_heads",
+    "SDARForCausalLM": Layout("SDAR", QWEN, heads="num_attention_heads",
                               kv_heads="num_key_value_heads", mlp=("intermediate_size",)),
-    "LLaDAMoEModelLM": Layout("LLaDA-MoE", QWEN | SHARED, head="lm_head", heads="num_attention_heads",
+    "LLaDAMoEModelLM": Layout("LLaDA-MoE", QWEN | SHARED, heads="num_attention_heads",
                               kv_heads="num_key_value_heads",
                               mlp=("dense_intermediate_size", "shared_expert_intermediate_size"),
                               experts="mlp.experts", expert_count="num_experts"),
@@ -166,9 +165,9 @@ def shard(model: nn.Module, config, tensors, ranks: Ranks, dtype: torch.dtype, d
     if layout.experts:
         _place_experts(model, layout.experts, ranks)
     half = dtype in (torch.bfloat16, torch.float16)        # transformers keeps these in fp32 under a half dtype
-    keep32 = (getattr(model, "_keep_in_fp32_modules_strict", None) or ()) if half else ()
+    keep32 = (model._keep_in_fp32_modules_strict or ()) if half else ()      # transformers declares it (None)
     pattern = re.compile(r"\.\d+\.(" + "|".join(map(re.escape, layout.linears)) + r")$")     # blocks.N.<name>
-    head_path = layout.head
+    head_path = model.head_name                     # the vocabulary head (made here when the family ties it)
     for name, module in list(model.named_modules()):
         if name == head_path:
             continue
@@ -200,14 +199,12 @@ def shard(model: nn.Module, config, tensors, ranks: Ranks, dtype: torch.dtype, d
 
 
 def _split_head(model, layout: Layout, config, tensors, ranks: Ranks, dtype, device) -> None:
-    parent_path, _, attr = layout.head.rpartition(".")
-    parent = model.get_submodule(parent_path)
-    name = layout.head + ".weight"
+    name = model.head_name + ".weight"
     if getattr(config, layout.tied, False) or name not in tensors:     # tied: the embedding's rows
         name = next(n for n, p in model.named_parameters() if p is model.embed.weight)
     vocab = tensors[name].get_shape()[0]
     rows = tensors[name][slice(*ranks.share(vocab))].to(device=device, dtype=dtype)
-    setattr(parent, attr, SplitHead(rows, ranks, vocab))
+    model.set_output_head(SplitHead(rows, ranks, vocab))
 
 
 def _scaled(r: tuple[int, int], k: int) -> tuple[int, int]:
