@@ -21,8 +21,9 @@ from .eval import EXAMPLES as EVAL_EXAMPLES
 from .eval import eval_
 from .generate import generate
 from .info import info
-from .models_cmd import list_, ps, pull, recommend, rm, show
+from .models_cmd import list_, ps, recommend, rm, show
 from .profiles_cmd import app as profiles_app
+from .pull_cmd import pull
 from .serve import EXAMPLES as SERVE_EXAMPLES
 from .serve import serve
 from .terminal import err_console
