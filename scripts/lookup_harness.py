@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from copy_probe import probe_model  # noqa: E402
 from fastdllm.models import LLaDAConfig, LLaDAModelLM  # noqa: E402
-from fastdllm.training import data, mixture, tokenizer, word_problems  # noqa: E402
+from fastdllm.training import data, mixture, story_words, tokenizer  # noqa: E402
 
 
 def main() -> None:
@@ -41,12 +41,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--probe-every", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--novel-share", type=float, default=word_problems.NOVEL_SHARE,
+    parser.add_argument("--novel-share", type=float, default=story_words.NOVEL_SHARE,
                         help="share of training names and things that are made-up words")
     parser.add_argument("--tokenizer", default=str(ROOT / "runs/tiny-llada/tokenizer/tokenizer.json"))
     args = parser.parse_args()
 
-    word_problems.NOVEL_SHARE = args.novel_share
+    story_words.NOVEL_SHARE = args.novel_share
     tok = tokenizer.Tokenizer.from_file(args.tokenizer)
     ids = {t: tok.token_to_id(t) for t in tokenizer.SPECIALS}
     weights = mixture.weights_of(args.weights)

@@ -16,8 +16,9 @@ import hashlib
 import keyword
 import random
 
-from . import word_problems
-from .word_problems import distinct_draws, novel_word
+from . import story_words
+from .story_words import novel_word
+from .word_problems import distinct_draws
 
 # name part, docstring phrase, condition (x is the element, {k} a small constant)
 FILTERS = {
@@ -67,9 +68,9 @@ BODY_NAMES = {"total", "count", "result", "best", "x", "c"}
 
 
 def parameter(rng: random.Random, split: str, options: dict[str, list[str]]) -> str:
-    """The parameter's name; in training often a made-up word (word_problems.NOVEL_SHARE says why),
+    """The parameter's name; in training often a made-up word (story_words.NOVEL_SHARE says why),
     so that a body can only be right by copying it from the signature. Held-out draws are unchanged."""
-    if split == "train" and rng.random() < word_problems.NOVEL_SHARE:
+    if split == "train" and rng.random() < story_words.NOVEL_SHARE:
         while True:
             name = novel_word(rng)
             if name not in BODY_NAMES and not keyword.iskeyword(name) and name not in options["heldout"]:

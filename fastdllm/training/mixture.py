@@ -27,7 +27,7 @@ from . import data, function_tasks, tokenizer, word_problems
 # copy from a small alphabet within ~1,000 steps and from 4,096 tokens not in 2,500
 # (scripts/copy_task.py --copy-vocab, eighth session), and digits are what word problems copy.
 # (The third session's "recall" rows, a problem -> its names and numbers, did not move the copy probe
-# and gave way to made-up names: word_problems.NOVEL_SHARE.)
+# and gave way to made-up names: story_words.NOVEL_SHARE.)
 WEIGHTS = {"gsm_raw": 0.22, "gsm_chat": 0.12, "arith": 0.08, "code_raw": 0.22, "code_chat": 0.08,
            "stdlib_window": 0.04, "stdlib_function": 0.04, "echo": 0.12, "repeat": 0.08}
 REPEAT_ALPHABETS = "10:0.6,32:0.2,0:0.2"   # size:share; 10: the digits, 0: the whole vocabulary (a curriculum stage widens it)
