@@ -12,6 +12,7 @@ import torch
 
 from .canvas import Canvas, generated, plan
 from .config import DecodeConfig
+from .constraint import RowConstraints
 from .decoder import Decoder
 from .events import BlockEvent, Result, StepEvent, answer_ids, peak_memory, reset_peak_memory
 
@@ -23,6 +24,8 @@ class Stepper:
     canvas: Canvas
     cache: object
     started: float
+    # The rows' structured-output matchers (the mask loop under a constraint), else None.
+    constraint: RowConstraints | None = None
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], cfg: DecodeConfig,
                  gen_lens: list[int] | None = None):

@@ -158,7 +158,7 @@ class Scheduler:
                 else:
                     region = batch.generated()      # a block boundary
                     end = batch.canvas.blocks[event.block][1]
-                    matchers = getattr(batch, "constraint", None)      # constrained rows: their failures
+                    matchers = batch.constraint         # constrained rows: their failures (Stepper declares it)
                     for i, row in enumerate(rows):
                         row.block_done(region[i], end - batch.canvas.starts[i], self._take_cancel(row.job.id),
                                        self.metrics, failure=matchers.errors[i] if matchers else None)
