@@ -29,7 +29,7 @@ from .serve import serve
 from .terminal import err_console
 
 # every family's names, from each family module's `NAMES` read without importing it (models/registry.py;
-# tests/test_help.py checks the catalog's families are all here)
+# tests/cli/test_help.py checks the catalog's families are all here)
 FAMILIES = ", ".join(names())
 
 app = typer.Typer(

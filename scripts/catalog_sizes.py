@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The catalog's sizes (fastdllm/checkpoints/catalog.yaml): parameters, active parameters, context
 and memory at bf16 / 8-bit / 4-bit, from `fastdllm info`'s estimate (checkpoints/info.py) with each
-entry's published config built on the meta device (no weights). tests/test_catalog.py checks the
+entry's published config built on the meta device (no weights). tests/cli/test_catalog.py checks the
 file against this.
 
     python scripts/catalog_sizes.py            # print them

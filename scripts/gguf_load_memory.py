@@ -1,6 +1,6 @@
 """Peak resident memory of loading a Q4_K_M GGUF file kept quantized (docs/specs/gguf.md 11), against the
 file's size. Builds a LLaDA-shaped file of a few hundred MB once (random weights, the tests' writer:
-tests/test_gguf.py's write_gguf with tests/test_gguf_int4.py's Q4_K_M mix), then loads it in a fresh
+tests/gguf/test_gguf.py's write_gguf with tests/gguf/test_gguf_int4.py's Q4_K_M mix), then loads it in a fresh
 process per case and reads that process's peak RSS (ru_maxrss).
 
     OMP_NUM_THREADS=1 python scripts/gguf_load_memory.py [--out /tmp/gguf-memory]
@@ -48,7 +48,7 @@ BUILD = """
 import sys, torch
 from pathlib import Path
 from fastdllm.testing.tiny_random import write_llada
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/gguf"]
 from test_gguf import write_gguf
 from test_gguf_int4 import q4_k_m
 out, path = Path(sys.argv[1]), Path(sys.argv[2])

@@ -15,7 +15,7 @@ from fastdllm.testing.tiny_random import FIXTURES  # real published non-weight f
 
 # --dtype auto on a CPU follows the CPU (checkpoints/cpu_dtype.py): bf16 on AMX or where a probe
 # finds it faster. The suite pins it to fp32, so that its exactness tolerances and expected texts
-# hold alike on every CI machine class; tests/test_cpu_dtype.py unpins it to test the choice.
+# hold alike on every CI machine class; tests/quant/test_cpu_dtype.py unpins it to test the choice.
 os.environ.setdefault("FASTDLLM_CPU_DTYPE", "fp32")
 # fastdllm's cache folder (lm-eval's task index, fastdllm/eval/task_index.py) out of the user's
 # home, shared by the workers, their subprocesses and later runs on this machine.

@@ -17,7 +17,7 @@ with static shapes, so that on one CUDA device the whole step is one graph (grap
 
 Committed positions are in the candidate rows too and are kept out by masking (confidence -inf in
 select), so a row with no mask left commits nothing. The tokens, commit order and NFE equal today's
-path (tests/test_device_step.py, float64, every cache mode and rule; greedy against the masked-only
+path (tests/decode/test_device_step.py, float64, every cache mode and rule; greedy against the masked-only
 candidate lists of a CPU run, sampled against the full-block lists, whose noise has the same shape).
 
 It applies (DeviceStep.applies) to mask-predict decoding of a bidirectional family (LLaDA, Dream,

@@ -43,7 +43,7 @@ def predict(logits: torch.Tensor, *, temperature: float, measure: str, banned: S
     (exact in any); the exponent is one fused upcast-and-shift into a single fp32-or-better
     buffer, exponentiated and summed in place; no full-vocabulary copy for the banned ids, only
     views of them (slices, not index tensors: on a GPU a host list as an index is a copy to the
-    device); float64 only for (B, K) numbers (tests/test_step_cost.py)."""
+    device); float64 only for (B, K) numbers (tests/decode/test_step_cost.py)."""
     work = torch.promote_types(logits.dtype, torch.float32)
     ids = banned_ids(banned)
     if softmax_dtype is not None and measure in ("prob", "margin", "neg_entropy"):

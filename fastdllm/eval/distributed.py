@@ -14,7 +14,7 @@ rank stops and rank 0 says which rank failed, in one line. A rank that dies outr
 launcher's to report; the others' next collective fails (`PeersLost`) or the launcher stops them.
 
 Test hook: FASTDLLM_FAIL_RANK=R:NAME makes rank R raise when it starts the work named NAME (an
-eval task, a bench row), to exercise the failure path (tests/test_eval_parallel.py).
+eval task, a bench row), to exercise the failure path (tests/eval/test_eval_parallel.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ over its rows' prompts plus what each has decoded so far; at a block boundary it
 Re-planning is exact: under bidirectional attention every block starts with a full refresh of the
 canvas anyway, and under block-causal attention the finished blocks are recomputed once (prefill)
 with the same, final, keys and values. A greedy row's tokens are therefore the ones it gets alone
-(tests/test_scheduler.py checks this in float64). Sampled jobs (temperature > 0, or random
+(tests/serve/test_scheduler.py checks this in float64). Sampled jobs (temperature > 0, or random
 confidence) are decoded alone, so that a seed reproduces `fastdllm generate --seed`; so are
 infilling jobs (OpenAI's `suffix`: a canvas of prompt, hole and suffix) and those whose settings
 read the whole answer (Prophet, DPad: rows.whole_answer), which never re-plan.

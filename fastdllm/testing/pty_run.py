@@ -1,6 +1,6 @@
 """Run a command on a pseudo-terminal, as a person's shell would (the live view and spinners on),
 and keep its output with the times of its first and last byte and of its exit: what the start-up
-tests read (tests/test_startup.py) and what scripts/startup_time.py prints."""
+tests read (tests/cli/test_startup.py) and what scripts/startup_time.py prints."""
 
 from __future__ import annotations
 

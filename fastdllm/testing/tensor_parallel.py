@@ -1,4 +1,4 @@
-"""Tensor-parallel runs for the tests (tests/test_tensor_parallel.py): N ranks on gloo, started with
+"""Tensor-parallel runs for the tests (tests/models/test_tensor_parallel.py): N ranks on gloo, started with
 torch.multiprocessing's spawn, each loading its share of a checkpoint and decoding every case; rank 0
 writes each case's committed canvas and NFE (and whether every rank decoded the same) as JSON.
 The ranks are forked by default (they inherit the imported torch: a spawned one imports it again,
