@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from .story_words import CONTAINERS, HELD_BAND, ITEMS, NAMES, SYLLABLES, Numbers, Redraw, pick, two_names  # noqa: F401 (SYLLABLES: until the test reads story_words)
+from .story_words import CONTAINERS, HELD_BAND, ITEMS, NAMES, Numbers, Redraw, pick, two_names
 
 # --- one person, one kind of object, a chain of events --------------------------------------------
 # Each event: its sentences (train / held-out phrasings), and the worked step for it.

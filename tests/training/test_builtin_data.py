@@ -11,7 +11,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from fastdllm.training import certainty, function_tasks, mixture, tokenizer, word_problems
+from fastdllm.training import certainty, function_tasks, mixture, story_words, tokenizer, word_problems
 
 TRAIN_DRAWS = 3000
 
@@ -52,7 +52,7 @@ def test_training_people_things_and_parameters_are_often_made_up_and_never_held_
     problems = [word_problems.generate(rng, "train") for _ in range(300)]
     words = {w for p in problems for w in re.findall(r"[A-Za-z]+", p["question"])}
     fixed = set(word_problems.NAMES["train"] + word_problems.ITEMS["train"])
-    made_up_names = {w for w in words if w[0].isupper() and w not in fixed and w.lower()[:2] in word_problems.SYLLABLES}
+    made_up_names = {w for w in words if w[0].isupper() and w not in fixed and w.lower()[:2] in story_words.SYLLABLES}
     assert len(made_up_names) > 100                      # hundreds of names no list holds: copy, not recall
     held = {w.lower() for w in word_problems.NAMES["heldout"] + word_problems.ITEMS["heldout"]}
     assert not held & {w.lower() for w in words}
