@@ -3,7 +3,7 @@ kernel, the activations' per-row int8 quantization, the probe that says whether 
 sums exactly here, and the unpacking of torch's CPU int4 layout into codes `_int_mm` can take.
 
 W8A8 (int8) and W4A8 (int4) both run `torch._int_mm(q_x (M, K) int8, q_w (K, N) int8) -> int32`
-from `w8a8_rows()` rows on; under it, and where `_int_mm` is not exact, the weight-only kernels."""
+from `w8a8_rows()` rows on; under it, and where `int8_products()` says no, the weight-only kernels."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ HEAD_W8A8_ROWS = 1
 
 
 def w8a8_rows(head: bool = False) -> int | None:
-    """None where W8A8 is off (W8A8_ROWS None, or `_int_mm` not exact here)."""
-    if W8A8_ROWS is None or not int_mm_exact():
+    """None where W8A8 is off (W8A8_ROWS None, or no int8 products here: int8_products)."""
+    if W8A8_ROWS is None or not int8_products():
         return None
     return HEAD_W8A8_ROWS if head else W8A8_ROWS
 
 
 def w4a8_rows() -> int | None:
-    return W4A8_ROWS if W4A8_ROWS is not None and int_mm_exact() and int4pack_panel() else None
+    return W4A8_ROWS if W4A8_ROWS is not None and int8_products() and int4pack_panel() else None
 
 
 class QuantLinear(nn.Module):
@@ -84,6 +84,15 @@ def int8_matmul(x: torch.Tensor, codes: torch.Tensor, col_scale: torch.Tensor) -
 
 
 _INT_MM_EXACT: bool | None = None
+
+
+def int8_products() -> bool:
+    """Whether W8A8 / W4A8 run here: `_int_mm` exact and the CPU has VNNI units. Without VNNI oneDNN's
+    s8 x s8 either saturates (int_mm_exact False) or, on some AVX2-only CPUs, sums exactly but through
+    a slow path: an AMD EPYC (AVX2, no VNNI) took 218 ms for a (96, 64) x (64, 1536) product against
+    0.94 ms for the weight-only kernel, and `_int_mm` was 81% of an int8 forward there
+    (docs/reports/vs-llamacpp.md, GGUF section)."""
+    return int_mm_exact() and torch.cpu._is_vnni_supported()
 
 
 def int_mm_exact() -> bool:

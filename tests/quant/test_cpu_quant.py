@@ -24,7 +24,7 @@ from torch import nn
 
 from fastdllm.models import cpu_kernels
 from fastdllm.models.cpu_int4 import Int4Linear
-from fastdllm.models.cpu_kernels import QuantLinear, int_mm_exact, quantize_rows
+from fastdllm.models.cpu_kernels import QuantLinear, int8_products, int_mm_exact, quantize_rows
 from fastdllm.models.cpu_quant import (
     Int8Embedding,
     Int8Linear,
@@ -33,7 +33,7 @@ from fastdllm.models.cpu_quant import (
 
 HALF_ULP = 2.0 ** -8           # bf16's half ulp relative to a value, at most (7 stored mantissa bits)
 FP32_W8A8 = 2.0 ** -22         # the W8A8 path's fp32 roundings (int32 -> fp32, two scale products, bias)
-needs_exact_int_mm = pytest.mark.skipif(not int_mm_exact(), reason="torch._int_mm saturates here (no VNNI): W8A8 off")
+needs_int8_products = pytest.mark.skipif(not int8_products(), reason="no VNNI here (torch._int_mm saturates or is slow): W8A8 off")
 
 
 pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
@@ -109,7 +109,7 @@ def close_to_w8a8(y: torch.Tensor, x: torch.Tensor, q: QuantLinear, dtype) -> bo
     return bool(((y.double() - out).abs() <= tol).all())
 
 
-@needs_exact_int_mm
+@needs_int8_products
 @pytest.mark.parametrize("make", [Int8Linear, Int4Linear], ids=["w8a8", "w4a8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("K", [256, 4864])              # 4864: int32 sums above 2^24 (fp32 rounds them)
@@ -142,15 +142,15 @@ def test_w8a8_equals_its_definition(make, dtype, K):
 @pytest.mark.parametrize("make", [Int8Linear, Int4Linear], ids=["int8", "int4"])
 def test_linear_switches_path_by_row_count(linear, make):
     """Under W8A8_ROWS rows the weight-only kernel, from W8A8_ROWS on int8 x int8, bit for bit;
-    where `_int_mm` is not exact (no VNNI) weight-only at every row count."""
+    where there are no int8 products (no VNNI: int8_products) weight-only at every row count."""
     q = make(linear, torch.bfloat16)
     n = int8_rows(q)
-    assert n is not None and q.w8a8_rows == (n if int_mm_exact() else None)
+    assert n is not None and q.w8a8_rows == (n if int8_products() else None)
     for M in (1, n - 1, n, 64):
         x = torch.randn(M, 256).bfloat16()
         weight_only = q.matmul_weight_only(x) + q.bias
         int8 = q.matmul_int8(x) + q.bias if int_mm_exact() else None
-        expected = int8 if (M >= n and int_mm_exact()) else weight_only
+        expected = int8 if (M >= n and int8_products()) else weight_only
         assert torch.equal(q(x), expected), M
     if int_mm_exact():      # the two paths differ (the activations' rounding): the switch is seen
         x = torch.randn(n, 256).bfloat16()
@@ -182,7 +182,7 @@ def test_w8a8_error_on_random_data_is_what_the_doc_says(linear):
     weight_only = rel(torch._weight_int8pack_mm(x, q.weight, q.scales))
     w8a8 = rel(fake_quant(x) @ q.dequantized().double().T)                  # the definition
     assert 0.005 < weight_only < 0.012 and 0.008 < w8a8 < 0.02 and w8a8 > weight_only, (weight_only, w8a8)
-    if int_mm_exact():
+    if int8_products():
         assert abs(rel(q(x)) - w8a8) < 1e-5
 
 

@@ -19,7 +19,7 @@ from fastdllm.checkpoints.placement import cpu_quant_check
 from fastdllm.testing.tiny_random import write_dream
 from fastdllm.errors import UserError
 from fastdllm.models import FAMILIES, cpu_kernels
-from fastdllm.models.cpu_kernels import QuantLinear, int_mm_exact
+from fastdllm.models.cpu_kernels import QuantLinear, int8_products
 from fastdllm.models.cpu_quant import Int8Embedding, Int8Linear, quantize_model
 
 
@@ -94,7 +94,7 @@ def test_loaded_bf16_model_is_close_to_its_float_twin(fmt, tmp_path, monkeypatch
     twin = dequantized_twin(path, lm.model)
     bf16, fp32 = (loading.load(path, dtype=d).model for d in ("bf16", "fp32"))
     ids = torch.randint(0, 500, (4, 24))
-    w8a8 = fmt in ("int8", "int4") and int_mm_exact()
+    w8a8 = fmt in ("int8", "int4") and int8_products()
     with torch.no_grad():
         quantized = (lm.model(ids).logits.float() - twin(ids).logits).abs().mean()
         noise = (bf16(ids).logits.float() - fp32(ids).logits).abs().mean()
@@ -171,7 +171,7 @@ def test_the_head_is_int8_by_default_where_w8a8_runs(fmt, tmp_path):
     path = write_dream(tmp_path / "dream", hidden_size=64, intermediate_size=128, **VARIED)
     lm = loading.load(path, quantize=fmt)
     head = lm.model.output_head
-    if int_mm_exact():
+    if int8_products():
         assert lm.info["cpu_quantized"]["head"].startswith("int8")
         assert isinstance(head, Int8Linear) and head.w8a8_rows == 1
     else:
