@@ -109,7 +109,7 @@ def keep_4bit_portable(lin: nn.Module) -> bool:
 
 
 def linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    if lin.weight.is_mkldnn:           # every linear's weight is a tensor (packed ones: pack_linear)
+    if lin.weight is not None and lin.weight.is_mkldnn:   # packed: pack_linear; None: a wrapper (LoRA) calls forward
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lin.weight, lin.bias, "none", [], "")
     return lin(x)
 
