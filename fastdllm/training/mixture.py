@@ -81,7 +81,7 @@ class Mixture:
     ids: dict[str, int]
     row_lengths: tuple[tuple[int, float], ...] = ((0, 0.85), (256, 0.10), (512, 0.05))
     weights: dict[str, float] = field(default_factory=lambda: dict(WEIGHTS))
-    repeat_alphabets: tuple[tuple[int, float], ...] = ()   # (size, share); () : REPEAT_ALPHABETS
+    repeat_alphabets: tuple[tuple[int, float], ...] = field(default_factory=lambda: shares(REPEAT_ALPHABETS))   # (size, share)
     pending: list = field(default_factory=list)     # tight batches drawn and not yet used (resume state)
 
     def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,8 +151,7 @@ class Mixture:
     def repeat_row(self, rng: random.Random, L: int) -> torch.Tensor:
         """n random tokens of one of the repeat alphabets (8 <= n <= 64, both copies within L), a
         newline, the same n tokens, then end-of-text padding to L."""
-        alphabets = self.repeat_alphabets or shares(REPEAT_ALPHABETS)
-        size = rng.choices([n for n, _ in alphabets], [w for _, w in alphabets])[0]
+        size = rng.choices([n for n, _ in self.repeat_alphabets], [w for _, w in self.repeat_alphabets])[0]
         alphabet = repeat_alphabet(self.tok, set(self.ids.values()), size)
         n = rng.randint(8, max(8, min(64, (L - 2) // 2)))
         seq = [rng.choice(alphabet) for _ in range(n)]

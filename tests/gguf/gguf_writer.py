@@ -124,6 +124,24 @@ def extra(w, name: str, qtype: str) -> None:
                  raw_dtype=kind)
 
 
+def assert_read_as_round_trip(src: Path, path: Path, qtype: str) -> None:
+    """The GGUF file `path` (src written as `qtype`) reads back as the gguf package's quantize ->
+    dequantize of each 2-D weight (really changed by it) and each norm as it was, fp32."""
+    from fastdllm.checkpoints.gguf_file import state_dict
+    from fastdllm.checkpoints.locate import resolve_model_dir
+
+    config = json.loads((resolve_model_dir(str(path)) / "config.json").read_text())
+    got = state_dict(path, config, torch.float32)
+    kind = gguf.GGMLQuantizationType[qtype]
+    for name, tensor in folder_weights(src).items():
+        if tensor.ndim == 1:
+            assert torch.equal(got[name], tensor.float()), name
+        else:
+            want = gguf.quants.dequantize(gguf.quants.quantize(tensor.float().numpy(), kind), kind)
+            assert torch.equal(got[name], torch.from_numpy(want)), name
+            assert not torch.equal(got[name], tensor.float()), name          # really quantized
+
+
 def round_tripped(src: Path, out: Path, qtype: str, keep: tuple[str, ...] = ()) -> Path:
     """The folder with its 2-D weights through the gguf package's quantize -> dequantize (fp32 on disk);
     `keep`: name suffixes the converter leaves F32 (an MoE router)."""

@@ -21,7 +21,7 @@ from one_line import one_line_refusal
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
-from gguf_writer import extra, folder_weights, round_tripped, write_gguf  # noqa: E402  (after the skip)
+from gguf_writer import assert_read_as_round_trip, extra, folder_weights, round_tripped, write_gguf  # noqa: E402  (after the skip)
 
 pytestmark = pytest.mark.fast
 
@@ -80,18 +80,7 @@ def test_q8_0_decodes_as_the_round_tripped_weights(llada_dir, files, tmp_path, o
 
 
 def test_q8_0_weights_are_the_packages_round_trip(llada_dir, files):
-    from fastdllm.checkpoints.gguf_file import state_dict
-
-    config = json.loads((resolve_model_dir(str(files["Q8_0"])) / "config.json").read_text())
-    got = state_dict(files["Q8_0"], config, torch.float32)
-    kind = gguf.GGMLQuantizationType.Q8_0
-    for name, tensor in folder_weights(llada_dir).items():
-        if tensor.ndim == 1:
-            assert torch.equal(got[name], tensor.float()), name
-        else:
-            want = gguf.quants.dequantize(gguf.quants.quantize(tensor.float().numpy(), kind), kind)
-            assert torch.equal(got[name], torch.from_numpy(want)), name
-            assert not torch.equal(got[name], tensor.float()), name          # really quantized
+    assert_read_as_round_trip(llada_dir, files["Q8_0"], "Q8_0")
 
 
 # --- refusals: one line each, before any weight is read ---

@@ -23,7 +23,7 @@ from conftest import VARIED
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
-from gguf_writer import folder_weights, round_tripped, write_gguf  # noqa: E402  (after the skip)
+from gguf_writer import assert_read_as_round_trip, round_tripped, write_gguf  # noqa: E402  (after the skip)
 from test_gguf import decode  # noqa: E402
 from test_gguf_int4 import LINEARS, packages_dequantization  # noqa: E402
 
@@ -62,18 +62,7 @@ def files(llada_dir, narrow, tmp_path_factory):
 def test_weights_are_the_packages_dequantization(llada_dir, files, qtype):
     """Every 2-D tensor as the gguf package dequantizes the file's blocks (q/k rows put back: the
     blocks run along rows, so the row order does not change them), the norms as they were."""
-    from fastdllm.checkpoints.gguf_file import state_dict
-
-    config = json.loads((resolve_model_dir(str(files[qtype])) / "config.json").read_text())
-    got = state_dict(files[qtype], config, torch.float32)
-    kind = gguf.GGMLQuantizationType[qtype]
-    for name, tensor in folder_weights(llada_dir).items():
-        if tensor.ndim == 1:
-            assert torch.equal(got[name], tensor.float()), name
-        else:
-            want = gguf.quants.dequantize(gguf.quants.quantize(tensor.float().numpy(), kind), kind)
-            assert torch.equal(got[name], torch.from_numpy(want)), name
-            assert not torch.equal(got[name], tensor.float()), name          # really quantized
+    assert_read_as_round_trip(llada_dir, files[qtype], qtype)
 
 
 @pytest.mark.parametrize("qtype", FALLBACKS)
