@@ -23,13 +23,12 @@ class GemmaRMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, with_scale: bool = True):
         super().__init__()
         self.eps = eps
-        if with_scale:
-            self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if hasattr(self, "weight"):
+        if self.weight is not None:
             h = h * self.weight.float()
         return h.type_as(x)
 
@@ -70,8 +69,7 @@ class GemmaAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.q_proj = nn.Linear(d, n_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
-        if with_values:
-            self.v_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False) if with_values else None
         self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
         self.q_norm = GemmaRMSNorm(head_dim, eps)
         self.k_norm = GemmaRMSNorm(head_dim, eps)
@@ -82,7 +80,7 @@ class GemmaAttention(nn.Module):
         cos, sin = span.cos, span.sin
         q = rotate(self.q_norm(linear(x, self.q_proj).view(B, S, self.n_heads, self.head_dim)), cos, sin)
         k = linear(x, self.k_proj).view(B, S, self.n_kv_heads, self.head_dim)
-        v = linear(x, self.v_proj).view_as(k) if hasattr(self, "v_proj") else k
+        v = linear(x, self.v_proj).view_as(k) if self.v_proj is not None else k
         k, v = rotate(self.k_norm(k), cos, sin), self.v_norm(v)
         keys, values = span.cache.store(layer, span.start, k.transpose(1, 2), v.transpose(1, 2))   # (B, H_kv, T, D)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=span.key_mask, scale=1.0,

@@ -105,20 +105,20 @@ class LLaDAMoEDecoderLayer(nn.Module):
                                  expert_bias="mlp" if cfg.moe_router_enable_expert_bias else None)
         else:
             self.mlp = SwiGLU(cfg.hidden_size, cfg.dense_intermediate_size)
-        if cfg.shared_expert_intermediate_size:     # on the layer, not under mlp
-            self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+        self.shared_expert = (SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size)   # on the layer, not under mlp
+                              if cfg.shared_expert_intermediate_size else None)
 
     def fuse(self) -> None:
         fuse_linears(self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj)
         self.mlp.fuse()
-        if hasattr(self, "shared_expert"):
+        if self.shared_expert is not None:
             self.shared_expert.fuse()
 
     def forward(self, x, span: Span, layer: int, rows=None):
         x = attention_residual(self, x, span, layer, rows)
         m = self.post_attention_layernorm(x)
         y = self.mlp(m)
-        if hasattr(self, "shared_expert"):
+        if self.shared_expert is not None:
             y = y + self.shared_expert(m)
         return x + y
 

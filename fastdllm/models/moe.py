@@ -203,8 +203,7 @@ class SparseMoE(nn.Module):
         self.holds_bias = expert_bias == "mlp"     # the buffer exists only where the checkpoint has the tensor
         if self.holds_bias:
             self.register_buffer("expert_bias", torch.zeros(routing.experts))
-        if shared:
-            self.shared_experts = SwiGLU(d, shared)
+        self.shared_experts = SwiGLU(d, shared) if shared else None
 
     def fuse(self) -> None:
         for module in self.modules():
@@ -217,6 +216,6 @@ class SparseMoE(nn.Module):
         weights, chosen = self.gate(flat, self.expert_bias if self.holds_bias else None,
                                     None if blocks is None else blocks.reshape(-1))
         y = run_experts(flat, weights, chosen, self.experts).to(x.dtype).view_as(x)
-        if hasattr(self, "shared_experts"):
+        if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y
