@@ -60,6 +60,6 @@ def family_of(config: dict, path: Path, *, refuse: bool = True):
         notes.append(f"config.json has keys fastdllm's {name} does not know: {', '.join(unknown)} (if one changes "
                      "the model, its answers may differ from its authors')")
     built = config_class.from_dict(config)
-    if problems := getattr(built, "malformed", list)():       # the MoE families check their keys
+    if problems := built.malformed():       # models/base.py FamilyConfig
         raise UserError(f"malformed {path / 'config.json'}: {'; '.join(problems)}")
     return built, model_cls, notes

@@ -155,7 +155,7 @@ def load(path: str | Path, *, dtype: str = "auto", device: str = "auto", quantiz
         if kept:              # counted while the kept linears' stand-ins are still parameters
             parameters = sum(p.numel() for p in model.parameters())
             placed = place_kept(model, kwargs.pop("state_dict"), codes, torch_dtype)
-        if getattr(config, "experts_apart", False):
+        if config.experts_apart:
             load_experts_apart(model, path, kwargs["quantization_config"])
         model.read_files(path)                  # files beside the weights (Nemotron's linear_spec_lora)
         model.eval().prepare_for_inference(pack=pack_weights and not cpu_quant)

@@ -62,7 +62,7 @@ class Prophet:
                             f"causally, one after another")
         if infilling:
             raise UserError("prophet measures an answer after an anchor; a template with holes has none")
-        if getattr(decoder, "encode", None) is None:
+        if decoder.encode is None:
             raise UserError(f"prophet: {decoder.name} has no tokenizer to encode answer_anchor with")
         self.cfg, self.mask, self.canvas = cfg, decoder.specials.mask, canvas
         anchors = anchor_tokens(cfg.answer_anchor, decoder.encode)

@@ -11,13 +11,30 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from .attention import BIDIRECTIONAL, Attention
 from .kv_cache import CanvasCache, Slots, Span
 from .layers import RMSNorm, keep_4bit_portable, linear, pack_linear, rotary_tables, take_rows
 from .moe import Router
+
+
+class FamilyConfig(PretrainedConfig):
+    """What fastdllm reads off every family's configuration class, with its defaults. The config guard
+    (config_guard.py, docs/specs/config-guard.md): `switches`, the keys that change the forward, each
+    refused where set beyond fastdllm; `reads`, the keys the family's code reads; `harmless`, the keys
+    it may ignore; `nested`, the sub-objects whose keys are checked too ("text_config")."""
+    # plain class attributes, not annotated: transformers turns an annotated one into a config.json field
+    switches = ()
+    reads = frozenset()
+    harmless = frozenset()
+    nested = ()
+    experts_apart = False      # set at loading where the experts are read one tensor each (packed_experts.py)
+
+    def malformed(self) -> list[str]:
+        """What is wrong beyond unknown keys (one phrase each; the MoE families check their sizes)."""
+        return []
 
 
 class DiffusionLM(PreTrainedModel):

@@ -67,7 +67,7 @@ class Switch:
 def refusals(raw: dict, config_class, family: str) -> dict[str, str]:
     """key -> the one-line reason, for every switch of `config_class` this config.json sets beyond
     fastdllm (in the class's order)."""
-    found = {s.key: s.refusal(raw, family) for s in getattr(config_class, "switches", ())}
+    found = {s.key: s.refusal(raw, family) for s in config_class.switches}
     return {key: line for key, line in found.items() if line}
 
 
@@ -80,14 +80,14 @@ def refusal_line(found: dict[str, str]) -> str:
 def unknown_keys(raw: dict, config_class) -> list[str]:
     """config.json keys that are neither read, nor a switch, nor known to be harmless; nested
     objects a family reads (`nested`) are looked into ("text_config.x")."""
-    known = set(METADATA) | set(getattr(config_class, "reads", ())) | set(getattr(config_class, "harmless", ())) \
-        | {s.key for s in getattr(config_class, "switches", ())}
+    known = set(METADATA) | set(config_class.reads) | set(config_class.harmless) \
+        | {s.key for s in config_class.switches}
     found = []
-    for prefix in ("", *getattr(config_class, "nested", ())):
+    for prefix in ("", *config_class.nested):
         node = raw.get(prefix, {}) if prefix else raw
         for key in node if isinstance(node, dict) else ():
             name = f"{prefix}.{key}" if prefix else key
-            if name not in known and name not in getattr(config_class, "nested", ()):
+            if name not in known and name not in config_class.nested:
                 found.append(name)
     return sorted(found)
 

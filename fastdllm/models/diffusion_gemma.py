@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from .attention import Attention
-from .base import DiffusionLM
+from .base import DiffusionLM, FamilyConfig
 from .config_guard import REQUIRED, Switch, number
 from .gemma_layers import (
     GemmaLayer,
@@ -51,7 +50,7 @@ def plain_rope(value, raw) -> bool:
         for rope in value.values())
 
 
-class DiffusionGemmaConfig(PretrainedConfig):
+class DiffusionGemmaConfig(FamilyConfig):
     """The root config.json (`text_config`, `canvas_length`, ...) flattened: text keys become
     attributes. Layer types: the configured list, else 5 sliding to 1 full; the last layer is always
     full (as transformers forces). Full layers use `global_head_dim` and, when given,
@@ -146,7 +145,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionLM):
             dim = c.head_dim_of(c.layer_types.index(kind)) if kind in c.layer_types else c.head_dim
             fraction = rope.get("partial_rotary_factor", 1.0) if rope["rope_type"] == "proportional" else None
             self.inv_freq[kind] = inv_frequencies(dim, rope["rope_theta"], fraction)
-        if getattr(c, "experts_apart", False):          # read by checkpoints/packed_experts.py instead
+        if c.experts_apart:          # read by checkpoints/packed_experts.py instead
             self._keys_to_ignore_on_load_unexpected = [*self._keys_to_ignore_on_load_unexpected, self.packed_experts]
         self.post_init()
 

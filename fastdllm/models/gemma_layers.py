@@ -152,7 +152,7 @@ class GemmaLayer(nn.Module):
                                         with_values=not full)
         self.mlp = GeGLU(d, c.intermediate_size)
         self.router = GemmaRouter(d, c.num_experts, c.top_k_experts, eps)
-        self.experts = ExpertLinears() if getattr(c, "experts_apart", False) else \
+        self.experts = ExpertLinears() if c.experts_apart else \
             PackedExperts(d, c.moe_intermediate_size, c.num_experts)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",

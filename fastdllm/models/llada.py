@@ -4,16 +4,15 @@
 from __future__ import annotations
 
 from torch import nn
-from transformers import PretrainedConfig
 
-from .base import DiffusionLM
+from .base import DiffusionLM, FamilyConfig
 from .config_guard import Switch
 from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears, project_values, self_attention, swiglu, take_rows
 from .registry import Family
 
 
-class LLaDAConfig(PretrainedConfig):
+class LLaDAConfig(FamilyConfig):
     model_type = "llada"
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers",
                      "num_attention_heads": "n_heads", "max_position_embeddings": "max_sequence_length"}

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from .attention import Attention
-from .base import DecoderStack
+from .base import DecoderStack, FamilyConfig
 from .config_guard import Switch
 from .kv_cache import Span
 from .layers import RMSNorm, loose_span_args, self_attention, take_rows
@@ -50,7 +49,7 @@ def rotary_dims_agree(value, raw) -> bool:
     return value is None or value == int(head_dim * fraction)
 
 
-class LLaDA2MoeConfig(PretrainedConfig):
+class LLaDA2MoeConfig(FamilyConfig):
     model_type = "llada2_moe"
 
     def __init__(self, tie_word_embeddings: bool = False, **kwargs):

@@ -11,9 +11,8 @@ sizes: those keys are required."""
 from __future__ import annotations
 
 from torch import nn
-from transformers import PretrainedConfig
 
-from .base import DecoderStack
+from .base import DecoderStack, FamilyConfig
 from .config_guard import Switch
 from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears
@@ -31,7 +30,7 @@ OPTIONAL = dict(num_key_value_heads=None, dense_intermediate_size=None, shared_e
 _UNSET_GROUP = (None, -2)   # -2: the configuration class's "no groups" default
 
 
-class LLaDAMoEConfig(PretrainedConfig):
+class LLaDAMoEConfig(FamilyConfig):
     model_type = "llada"
 
     def __init__(self, tie_word_embeddings: bool = False, **kwargs):

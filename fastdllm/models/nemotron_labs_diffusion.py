@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from .attention import Attention
-from .base import DiffusionLM
+from .base import DiffusionLM, FamilyConfig
 from .config_guard import Switch
 from .kv_cache import CanvasCache, Slots, Span
 from .layers import RMSNorm, at_least_fp32, linear, self_attention, swiglu, take_rows
@@ -40,7 +39,7 @@ def _rope_ok(value, raw) -> bool:
         and value.get("partial_rotary_factor", 1.0) == 1.0 and value.get("attention_factor") is None
 
 
-class NemotronLabsDiffusionConfig(PretrainedConfig):
+class NemotronLabsDiffusionConfig(FamilyConfig):
     model_type = "nemotron_labs_diffusion"
 
     def __init__(self, tie_word_embeddings: bool = False, **kwargs):

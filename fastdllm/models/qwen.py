@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from torch import nn
-from transformers import PretrainedConfig
 
-from .base import DecoderStack
+from .base import DecoderStack, FamilyConfig
 from .config_guard import Switch
 from .kv_cache import Span
 from .layers import RMSNorm, fuse_linears, loose_span_args, project_values, self_attention, swiglu, take_rows
@@ -22,7 +21,7 @@ QWEN_KEYS = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, n
                  mask_token_id=None, initializer_range=0.02)
 
 
-class QwenConfig(PretrainedConfig):
+class QwenConfig(FamilyConfig):
     """Qwen2/Qwen3 config keys; a family overrides `family_defaults` with its published values
     (used only for keys a config.json omits). Unknown keys are kept as attributes."""
     family_defaults: ClassVar[dict] = {}

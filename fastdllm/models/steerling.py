@@ -17,11 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 from transformers.modeling_outputs import MaskedLMOutput
 
 from .attention import Attention
-from .base import DiffusionLM
+from .base import DiffusionLM, FamilyConfig
 from .config_guard import Switch
 from .layers import linear
 from .registry import Family
@@ -32,7 +31,7 @@ CONCEPT_KEYS = ("n_concepts", "n_unknown_concepts", "concept_dim", "use_attentio
                 "store_unknown_weights", "inject_layer", "inject_alpha", "max_concepts")
 
 
-class SteerlingConfig(PretrainedConfig):
+class SteerlingConfig(FamilyConfig):
     model_type = "steerling"
     attribute_map = {"hidden_size": "n_embd", "num_hidden_layers": "n_layers", "num_attention_heads": "n_head",
                      "num_key_value_heads": "n_kv_heads", "max_position_embeddings": "block_size"}

@@ -134,7 +134,7 @@ def test_loads_as_a_user_download(checkpoints):
     assert lm.tokenizer.decode(lm.encode("hi", thinking=False)).endswith("assistant\n<think>\n\n</think>\n\n")
     moe = lm.model.model.layers[0].mlp
     assert moe.gate.routing == Routing("softmax_renorm", 8, 3, model_dtype_logits=True) and len(moe.experts) == 8
-    assert not hasattr(moe, "shared_experts")
+    assert moe.shared_experts is None
     mixed, _ = checkpoints("mixed")
     kinds = [hasattr(block.mlp, "experts") for block in mixed.model.blocks]
     assert kinds == [False, True, False, False] and mixed.model.blocks[1].mlp.gate.routing.score == "softmax"
