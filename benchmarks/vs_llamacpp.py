@@ -11,28 +11,8 @@ benchmarks/llamacpp_build.py builds llama.cpp (the llama-cpp-python sdist's vend
 the checkpoint with llama.cpp's own tools, once, into a cache outside the repository. Peak RSS: each
 llama.cpp run's; fastdllm's from one more run per row in a process of its own (llamacpp_runs.py).
 
-Which llama.cpp setting is which fastdllm rule (examples/diffusion/diffusion.cpp):
-  --diffusion-block-length 32 --diffusion-steps S: blocks of 32 over the canvas *after the prompt*
-      with num_blocks = ub / 32 counted over the whole canvas (ub = prompt + generated): at
-      prompt 64 + 256 the last two "blocks" start past the canvas, hold no mask, and each still
-      costs one forward before the loop sees no mask (S must be a multiple of ub / 32 = 10).
-      Per block, steps S/10, get_num_transfer_tokens spreads the block's masks evenly (fastdllm's
-      block_schedule).
-  --top-k 1 --temp 0: the CLI's greedy. Its sampler chain is top-k (default 40), top-p (default
-      0.95), temperature only when > 0, then dist: without --top-k 1 a "temp 0" run *samples* from
-      the top-40 softmax of the raw logits. With --top-k 1 the one candidate left has p = 1, so the
-      confidence of every algorithm but 0 and 3 is the same (prob 1, margin 1, entropy 0) and the
-      tie-break (position ascending) commits the leftmost masks first: that is fastdllm's
-      `sequential` rule (leftmost candidates first, the step's share of the schedule), not its
-      confidence-ranked `fixed` rule. llama.cpp's diffusion CLI has no argmax-with-confidence
-      mode: confidence ranking needs a sampled token (temp > 0 / top-k > 1).
-  --diffusion-eps E (timestep schedule, Dream's): one whole-canvas block, (1 - s/t) of the
-      remaining masks per step; with --top-k 1 also leftmost first.
-  -fa off for token equality: with flash attention (the CPU default, auto) llama.cpp casts K and V
-      to f16 when there is no KV cache (the diffusion models have none), so its "f32" attention
-      is f16. The timings use the CLI's default (auto).
-  Logits: Dream's shift (position i reads row i-1) in both; llama.cpp computes logits at every
-  canvas position every forward; fastdllm only at the block's masked positions.
+Which llama.cpp setting is which fastdllm rule (greedy is `--top-k 1`, leftmost first: fastdllm's
+`sequential`; the block count; `-fa off` for equality): docs/reports/vs-llamacpp.md.
 llama.cpp runs through llama-diffusion-ids, diffusion-cli.cpp with prompt ids in and canvas ids out
 (llamacpp_build.py); it is checked once against the unmodified llama-diffusion-cli (same text).
 """
