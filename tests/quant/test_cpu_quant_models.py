@@ -16,7 +16,6 @@ from torch import nn
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.info import inspect_checkpoint, memory_estimate
 from fastdllm.checkpoints.placement import cpu_quant_check
-from fastdllm.testing.tiny_random import write_dream
 from fastdllm.errors import UserError
 from fastdllm.models import FAMILIES, cpu_kernels
 from fastdllm.models.cpu_kernels import QuantLinear, int8_products
@@ -24,42 +23,70 @@ from fastdllm.models.cpu_quant import Int8Embedding, Int8Linear, quantize_model
 
 
 pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
+DREAM_H64 = dict(hidden_size=64, intermediate_size=128, **VARIED)     # tests/conftest.py tiny(); read only
 
 
-def dequantized_twin(path, quant: nn.Module) -> nn.Module:
+def dequantized_twin(path, quant: nn.Module, seen: dict | None = None) -> nn.Module:
     """The model at `path` in fp32, each weight that `quant` quantized replaced by the float weight
-    it stands for: the whole-model plumbing against plain float modules."""
+    it stands for: the whole-model plumbing against plain float modules. Where W8A8 runs, the twin's
+    linears quantize their activations as the definition says (fake_quant); with `seen` (w8a8_inputs)
+    from the input `quant` itself had, after checking that their own is that one to rounding: a
+    code at a rounding tie can fall either way between two sums in a different order, and one code
+    a step off moves the logits far past any tolerance (about 1 input in 4 at these shapes)."""
     twin = loading.load(path, dtype="fp32", pack_weights=False).model
     for name, module in quant.named_modules():
         if isinstance(module, (QuantLinear, Int8Embedding)):
             twin.get_submodule(name).weight.data = module.dequantized()
     if isinstance(quant.embed, Int8Embedding):
         twin.embed.weight.data = quant.embed.dequantized()      # also a tied head's weight
-    for name, module in quant.named_modules():                  # W8A8: its activations too
-        if isinstance(module, QuantLinear) and module.w8a8_rows is not None:
-            rows = module.w8a8_rows
-            twin.get_submodule(name).register_forward_pre_hook(
-                lambda _, args, rows=rows: (fake_quant(args[0]).to(args[0].dtype),)
-                if args[0].reshape(-1, args[0].shape[-1]).shape[0] >= rows else None)
+    for name, rows in w8a8_linears(quant):
+
+        def activations(_, args, name=name, rows=rows):
+            x = args[0]
+            if x.reshape(-1, x.shape[-1]).shape[0] < rows:
+                return None
+            if seen is not None:
+                torch.testing.assert_close(x, seen[name].to(x.dtype), rtol=1e-4, atol=1e-4 * x.abs().max().item())
+                x = seen[name].to(x.dtype)
+            return (fake_quant(x).to(x.dtype),)
+        twin.get_submodule(name).register_forward_pre_hook(activations)
     return twin
+
+
+def w8a8_linears(model: nn.Module) -> list[tuple[str, int]]:
+    return [(name, m.w8a8_rows) for name, m in model.named_modules()
+            if isinstance(m, QuantLinear) and m.w8a8_rows is not None]
+
+
+def w8a8_inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """name -> the input each W8A8 linear of `model` had in its forward on `ids`."""
+    seen, hooks = {}, []
+    for name, _ in w8a8_linears(model):
+        hooks.append(model.get_submodule(name).register_forward_pre_hook(
+            lambda _, args, name=name: seen.__setitem__(name, args[0].detach().clone())))
+    with torch.no_grad():
+        model(ids)
+    for hook in hooks:
+        hook.remove()
+    return seen
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int8-weight-only", "int4-weight-only"])
 @pytest.mark.parametrize("head", [False, True])
-def test_whole_model_quantized_equals_its_dequantized_float_twin(fmt, head, tmp_path, monkeypatch):
+def test_whole_model_quantized_equals_its_dequantized_float_twin(fmt, head, tiny, monkeypatch):
     """int8/int4 at 48 rows run W8A8/W4A8 where `_int_mm` is exact: the twin quantizes those
     linears' activations as the definition says (fake_quant); -weight-only: that path off."""
     if fmt.endswith("-weight-only"):
         monkeypatch.setattr(cpu_kernels, "W8A8_ROWS", None)
         monkeypatch.setattr(cpu_kernels, "W4A8_ROWS", None)
         fmt = fmt.split("-")[0]
-    path = write_dream(tmp_path / "dream", hidden_size=64, intermediate_size=128, **VARIED)
+    path = tiny("dream", **DREAM_H64)
     quant = loading.load(path, dtype="fp32", pack_weights=False).model
     done = quantize_model(quant, fmt, torch.float32, head=head, embedding=True)
-    twin = dequantized_twin(path, quant)
+    ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    twin = dequantized_twin(path, quant, w8a8_inputs(quant, ids))
     assert done["linears"] == 2 * 4 and done["kept"] == 0 and done["embedding"] == "int8"
     assert ("head" in done) == head and quant.is_quantized
-    ids = torch.randint(0, 500, (2, 24))
     with torch.no_grad():
         a, b = quant(ids).logits, twin(ids).logits
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
@@ -78,7 +105,7 @@ def test_tied_head_is_the_embeddings_int8_rows(llada_dir):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int8-weight-only", "int4-weight-only"])
-def test_loaded_bf16_model_is_close_to_its_float_twin(fmt, tmp_path, monkeypatch):
+def test_loaded_bf16_model_is_close_to_its_float_twin(fmt, tiny, monkeypatch):
     """In bf16 (the default) the activations are rounded at every layer: the weight-only quantized
     model is as far from its dequantized fp32 twin as the float model in bf16 is from itself in fp32
     (these random weights, std 0.3, make that noise large), not further (x1.5). With W8A8 (int8 at
@@ -88,12 +115,12 @@ def test_loaded_bf16_model_is_close_to_its_float_twin(fmt, tmp_path, monkeypatch
     if fmt.endswith("-weight-only"):
         monkeypatch.setattr(cpu_kernels, "W8A8_ROWS", None)
         monkeypatch.setattr(cpu_kernels, "W4A8_ROWS", None)
-    path = write_dream(tmp_path / "dream", hidden_size=64, intermediate_size=128, **VARIED)
+    path = tiny("dream", **DREAM_H64)
     lm = loading.load(path, quantize=fmt.split("-")[0])
     assert lm.dtype == torch.bfloat16 and lm.info["cpu_quantized"]["linears"] == 8 and lm.model.is_quantized
     twin = dequantized_twin(path, lm.model)
     bf16, fp32 = (loading.load(path, dtype=d).model for d in ("bf16", "fp32"))
-    ids = torch.randint(0, 500, (4, 24))
+    ids = torch.randint(0, 500, (4, 24), generator=torch.Generator().manual_seed(0))
     w8a8 = fmt in ("int8", "int4") and int8_products()
     with torch.no_grad():
         quantized = (lm.model(ids).logits.float() - twin(ids).logits).abs().mean()
@@ -102,8 +129,8 @@ def test_loaded_bf16_model_is_close_to_its_float_twin(fmt, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_generate_through_the_cli(fmt, tmp_path):
-    path = write_dream(tmp_path / "dream", hidden_size=64, intermediate_size=128, **VARIED)
+def test_generate_through_the_cli(fmt, tiny):
+    path = tiny("dream", **DREAM_H64)
     r = invoke("generate", "-m", path, *SMALL, "--json", "--quantize", fmt, "Hi")
     assert r.exit_code == 0, r.stderr
     record = json.loads(r.stdout)
@@ -165,10 +192,10 @@ def test_packed_experts_are_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_the_head_is_int8_by_default_where_w8a8_runs(fmt, tmp_path):
+def test_the_head_is_int8_by_default_where_w8a8_runs(fmt, tiny):
     """Both formats quantize the output head as int8, W8A8 from one row, where `_int_mm` is exact;
     elsewhere it stays bf16 (a weight-only int8 head is slower than bf16 at a step's rows)."""
-    path = write_dream(tmp_path / "dream", hidden_size=64, intermediate_size=128, **VARIED)
+    path = tiny("dream", **DREAM_H64)
     lm = loading.load(path, quantize=fmt)
     head = lm.model.output_head
     if int8_products():
@@ -179,11 +206,11 @@ def test_the_head_is_int8_by_default_where_w8a8_runs(fmt, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_memory_estimate_is_what_a_quantized_model_holds(fmt, tmp_path):
+def test_memory_estimate_is_what_a_quantized_model_holds(fmt, tiny):
     """`fastdllm info`'s estimate (checkpoints/info.py) against the bytes of a loaded model's
     tensors; the estimate leaves out the per-row scales (here the two 152064-row vocab matrices'
     bf16 scales, 3% of this tiny model)."""
-    path = write_dream(tmp_path / "dream", hidden_size=64, intermediate_size=128, **VARIED)
+    path = tiny("dream", **DREAM_H64)
     model = loading.load(path, quantize=fmt).model
     held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     estimate = memory_estimate(inspect_checkpoint(path), 0)[fmt]["weights"]
