@@ -1,7 +1,9 @@
-"""Block-diffusion families (SDAR, Fast-dLLM v2) against the independent transcriptions of their
-reference decoders (tests/references/reference_blockdiff.py), float64, on tiny checkpoints in the published
-formats: the same committed (position, token) pairs at every step, the same first token of every
-v2 block, the same NFE; exact cache modes equal to no cache; a batch equal to its rows alone."""
+"""Block-diffusion families (SDAR, Fast-dLLM v2) on tiny checkpoints in the published formats.
+Fast-dLLM v2 against the independent transcription of its reference decoder
+(tests/references/reference_blockdiff.py), float64: the same committed (position, token) pairs at
+every step, the same first token of every block, the same NFE; SDAR's own cases are in the
+exactness runner (tests/references/test_exactness.py). A batch equal to its rows alone, early stop,
+the CLI, quantization."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 import reference_blockdiff as ref
 from cli_runner import invoke
 from helpers import QWEN_IDS, prompt_of
-from mask_heavy import heavy_copy, max_mask_probability
+from block_families import block_steps, heavy
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.config import DecodeConfig
@@ -38,74 +40,8 @@ def v2(tiny):
 
 
 @pytest.fixture(scope="module")
-def sdar_heavy_mask(sdar, tmp_path_factory):
-    """SDAR with a mask token that takes real probability (tests/mask_heavy.py)."""
-    return _heavy(sdar[0], tmp_path_factory, prompt_of(5, **QWEN_IDS) + [sdar[0].specials.mask] * 16)
-
-
-@pytest.fixture(scope="module")
 def v2_heavy_mask(v2, tmp_path_factory):
-    return _heavy(v2[0], tmp_path_factory, prompt_of(33, seed=1, **QWEN_IDS) + [v2[0].specials.mask] * 64)
-
-
-def _heavy(lm, tmp_path_factory, canvas):
-    heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / lm.path.name, canvas)
-    assert max_mask_probability(heavy, canvas) > 0.05          # the fixture does not hide the normaliser
-    return heavy, ref.NaiveQwen(heavy.path)
-
-
-def ours(lm, prompts, cfg):
-    """Per row: the denoising steps [(positions, tokens)], the store-pass commits, the Result."""
-    steps, stored, result = [[] for _ in prompts], [[] for _ in prompts], None
-    for event in generate(lm.decoder, prompts, cfg):
-        if isinstance(event, Result):
-            result = event
-            continue
-        if not isinstance(event, StepEvent):
-            continue
-        for row, prompt in enumerate(prompts):
-            pairs = sorted((int(p) + len(prompt), int(t)) for p, t, c in
-                           zip(event.positions[row], event.tokens[row], event.committed[row]) if c)
-            if event.step < 0:
-                stored[row] += pairs
-            elif pairs:
-                steps[row].append(pairs)
-    return steps, stored, result
-
-
-SDAR_RULES = {"fixed": "low_confidence_static", "dynamic": "low_confidence_dynamic", "sequential": "sequential"}
-
-
-@pytest.mark.parametrize("length", [3, 4, 5, 11])
-@pytest.mark.parametrize("rule, per_block", [("fixed", 4), ("fixed", 2), ("fixed", 1), ("dynamic", 4),
-                                             ("dynamic", 2), ("sequential", 2)])
-def test_sdar_decodes_as_the_reference(sdar, length, rule, per_block):
-    check_sdar(*sdar, length, rule, per_block)
-
-
-@pytest.mark.parametrize("length", [4, 5])
-@pytest.mark.parametrize("rule, per_block", [("fixed", 2), ("dynamic", 4), ("dynamic", 2), ("sequential", 2)])
-def test_sdar_with_a_probable_mask_decodes_as_the_reference(sdar_heavy_mask, length, rule, per_block):
-    check_sdar(*sdar_heavy_mask, length, rule, per_block, threshold=0.9)
-
-
-def check_sdar(lm, naive, length, rule, per_block, threshold=0.7):
-    ref.BANNED[:] = [lm.specials.mask]
-    prompt = prompt_of(length, **QWEN_IDS)
-    trace = ref.sdar_generate(naive, prompt, mask_id=lm.specials.mask, stop_ids=lm.specials.stops, gen_length=16,
-                              block_length=4, denoising_steps=per_block, strategy=SDAR_RULES[rule], threshold=threshold)
-    assert not trace.stopped                                   # the comparison covers whole canvases
-    expected = [pairs for _, pairs in trace.steps if pairs]
-    runs = {}
-    for cache in ("prefix", "none"):
-        cfg = DecodeConfig(gen_len=16, block_len=4, rule=rule, steps=per_block * 4, threshold=threshold,
-                           cache=cache, early_stop=False)
-        steps, stored, result = ours(lm, [prompt], cfg)
-        assert steps[0] == expected and stored[0] == []        # no shift: store passes commit nothing
-        assert result.nfe == trace.nfe
-        assert result.canvas[0].tolist() == trace.canvas[length:]
-        runs[cache] = result
-    assert runs["prefix"].cache_bytes > 0
+    return heavy(v2[0], ref.NaiveQwen, tmp_path_factory, prompt_of(33, seed=1, **QWEN_IDS) + [v2[0].specials.mask] * 64)
 
 
 @pytest.mark.parametrize("length", [31, 32, 33, 63])
@@ -125,7 +61,7 @@ def check_v2(lm, naive, length, cache, seed=1):
     prompt = prompt_of(length, seed=seed, **QWEN_IDS)
     cfg = DecodeConfig(gen_len=64, block_len=32, sub_block_len=8, rule="dynamic", threshold=0.7,
                        cache=cache, early_stop=False)
-    steps, stored, result = ours(lm, [prompt], cfg)
+    steps, stored, result = block_steps(lm, [prompt], cfg)
     blocks = -(-(length + 64) // 32) - length // 32            # ours: up to the block holding token 64
     trace = ref.v2_generate(naive, prompt, mask_id=lm.specials.mask, stop_id=lm.specials.stops[0],
                             max_new_tokens=32 * blocks, threshold=0.7, use_block_cache=cache == "dual")
@@ -148,9 +84,9 @@ def test_a_batch_decodes_each_row_as_alone(request, family, lengths, cfg, cache)
     lm, _ = request.getfixturevalue(family)
     cfg = DecodeConfig.from_dict({"cache": cache}, cfg)
     prompts = [prompt_of(n, seed=i, **QWEN_IDS) for i, n in enumerate(lengths)]
-    _, _, batch = ours(lm, prompts, cfg)
+    _, _, batch = block_steps(lm, prompts, cfg)
     for row, prompt in enumerate(prompts):
-        _, _, alone = ours(lm, [prompt], cfg)
+        _, _, alone = block_steps(lm, [prompt], cfg)
         assert batch.ids[row] == alone.ids[0]
         assert batch.canvas[row, :alone.canvas.shape[1]].tolist() == alone.canvas[0].tolist()
 
@@ -159,7 +95,7 @@ def test_early_stop_ends_at_the_stop_token_mid_block(v2, monkeypatch):
     lm, _ = v2
     prompt = prompt_of(33, seed=1, **QWEN_IDS)
     cfg = DecodeConfig(gen_len=64, block_len=32, sub_block_len=8, rule="dynamic", threshold=0.7, early_stop=False)
-    _, _, full = ours(lm, [prompt], cfg)
+    _, _, full = block_steps(lm, [prompt], cfg)
     stop_token = full.canvas[0, 5].item()                      # pretend the 6th token ends the answer
     stop_at = full.canvas[0].tolist().index(stop_token)
     stopped = lm.decoder.__class__(lm.model, lm.specials.__class__(

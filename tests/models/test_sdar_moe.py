@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 import reference_blockdiff as ref
 import torch
-from mask_heavy import heavy_copy, max_mask_probability
-from reference_sdar_moe import NaiveSDARMoE
 from cli_runner import invoke
 from helpers import QWEN_IDS, prompt_of
-from test_blockdiff import check_sdar, ours
+from block_families import SDAR_MOE, block_steps, sdar_moe_checkpoints
 
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_sdar_moe import (
@@ -45,31 +43,12 @@ PUBLISHED_NAMES = {"lm_head.weight", "model.embed_tokens.weight", "model.norm.we
 SIZE_KEYS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
              "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok", "max_window_layers"}
 
-# name -> writer overrides: the published switches (every layer sparse, renormalised top-k), and the
-# others: no renormalisation, dense layers by decoder_sparse_step (0, 2) and by mlp_only_layers (3)
-FIXTURES = {"main": {}, "mixed": {"num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3],
-                                  "norm_topk_prob": False, "sharded": False}}
-HEAVY = "heavy_mask"
-
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    made = {}
-
-    def get(name):
-        if name not in made and name == HEAVY:               # tests/mask_heavy.py
-            lm, _ = get("main")
-            canvas = prompt_of(5, **QWEN_IDS) + [lm.specials.mask] * 16
-            heavy = heavy_copy(lm, tmp_path_factory.mktemp("heavy") / name, canvas)
-            assert max_mask_probability(heavy, canvas) > 0.05   # the fixture does not hide the normaliser
-            made[name] = (heavy, NaiveSDARMoE(heavy.path))
-        if name not in made:
-            path = write_sdar_moe(tmp_path_factory.mktemp("ckpt") / f"sdar-moe-{name}", **FIXTURES[name])
-            made[name] = (loading.load(path, dtype="fp64"), NaiveSDARMoE(path))
-        return made[name]
-    return get
+    return sdar_moe_checkpoints(tmp_path_factory)
 
 
 def our_logits(lm, ids: list[int]):
@@ -146,7 +125,7 @@ def test_the_naive_forward_is_transformers_qwen3_moe(checkpoints):
     stacked into gate_up_proj / down_proj): the naive reference is not wrong in the same way as ours."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    for name in FIXTURES:
+    for name in SDAR_MOE:
         _, naive = checkpoints(name)
         c = {k: v for k, v in naive.cfg.items() if k not in ("architectures", "auto_map", "model_type", "torch_dtype")}
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**c, attn_implementation="eager", experts_implementation="eager"))
@@ -173,7 +152,7 @@ def test_the_naive_forward_is_transformers_qwen3_moe(checkpoints):
 
 # --- the forward ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(FIXTURES))
+@pytest.mark.parametrize("name", list(SDAR_MOE))
 def test_logits_and_router_decisions_equal_the_reference(checkpoints, name):
     lm, naive = checkpoints(name)
     ids = prompt_of(45, seed=3, **QWEN_IDS)                                          # not a whole number of blocks
@@ -207,23 +186,7 @@ def test_the_router_rounds_its_logits_to_the_model_dtype():
     assert not torch.equal(top.values, exact)                           # the rounding is visible
 
 
-# --- decoding: dense SDAR's reference decoder on the MoE transcription ------------------------------
-
-@pytest.mark.parametrize("length", [3, 4, 5, 11])
-@pytest.mark.parametrize("rule, per_block", [("fixed", 4), ("fixed", 2), ("fixed", 1), ("dynamic", 4),
-                                             ("dynamic", 2), ("sequential", 2)])
-def test_decodes_as_the_reference(checkpoints, length, rule, per_block):
-    """Every SDAR rule, prompts on and off block boundaries: the same commits at every step, NFE and
-    canvas under the prefix cache and without one (test_blockdiff.check_sdar)."""
-    check_sdar(*checkpoints("main"), length, rule, per_block)
-
-
-@pytest.mark.parametrize("name, length, rule, per_block", [
-    ("mixed", 4, "dynamic", 4), ("mixed", 7, "fixed", 2), (HEAVY, 4, "dynamic", 4), (HEAVY, 5, "dynamic", 2),
-    (HEAVY, 4, "fixed", 2), (HEAVY, 5, "sequential", 2)])
-def test_dense_layers_and_a_probable_mask_decode_as_the_reference(checkpoints, name, length, rule, per_block):
-    check_sdar(*checkpoints(name), length, rule, per_block, threshold=0.9 if name == HEAVY else 0.7)
-
+# --- decoding (the rules against the authors' decoder: tests/references/test_exactness.py) --------------
 
 @pytest.mark.parametrize("cache", ["prefix", "none"])
 def test_a_batch_decodes_each_row_as_alone(checkpoints, cache):
@@ -231,9 +194,9 @@ def test_a_batch_decodes_each_row_as_alone(checkpoints, cache):
     lm, _ = checkpoints("main")
     cfg = DecodeConfig(gen_len=16, block_len=4, rule="dynamic", threshold=0.7, cache=cache, early_stop=False)
     prompts = [prompt_of(n, seed=i, **QWEN_IDS) for i, n in enumerate([3, 11, 6])]
-    batch = ours(lm, prompts, cfg)[2]
+    batch = block_steps(lm, prompts, cfg)[2]
     for row, prompt in enumerate(prompts):
-        alone = ours(lm, [prompt], cfg)[2]
+        alone = block_steps(lm, [prompt], cfg)[2]
         assert batch.ids[row] == alone.ids[0]
         assert batch.canvas[row, :alone.canvas.shape[1]].tolist() == alone.canvas[0].tolist()
 
