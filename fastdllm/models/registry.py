@@ -54,7 +54,7 @@ class Index(NamedTuple):
     by_architecture: dict[str, str]   # architecture -> model_type
     classes: dict[str, str]           # a family's config or model class name -> its module
     decodes: dict[str, dict]          # model_type or architecture -> its DECODES entry (aliases resolved)
-    names: list[str]                  # what the families' checkpoints are called, by module, once each
+    names: dict[str, list[str]]       # model_type -> what its checkpoints are called (`NAMES`), by module
 
 
 @functools.cache
@@ -66,7 +66,7 @@ def index() -> Index:
     by_architecture: dict[str, str] = {}
     classes: dict[str, str] = {}
     decodes: dict[str, dict | str] = {}
-    names: list[str] = []
+    names: dict[str, list[str]] = {}
     for info in sorted(pkgutil.iter_modules([str(FOLDER)]), key=lambda m: m.name):
         text = "" if info.ispkg else (FOLDER / f"{info.name}.py").read_text(encoding="utf-8")
         if (serves := _statement(text, "SERVES")) is not None:
@@ -79,7 +79,8 @@ def index() -> Index:
         if (declared := _statement(text, "DECODES")) is not None:
             decodes.update(ast.literal_eval(declared))
         if (called := _statement(text, "NAMES")) is not None:
-            names += [n for ns in ast.literal_eval(called).values() for n in ns if n not in names]
+            for model_type, called_so in ast.literal_eval(called).items():
+                names.setdefault(model_type, []).extend(called_so)
     for model_type, modules in served.items():       # the module named after the type first
         modules.sort(key=lambda m: m != model_type.lower())
     aliases = {key: decodes[target] for key, target in decodes.items() if isinstance(target, str)}
@@ -118,7 +119,12 @@ def decodes() -> dict[str, dict]:
 
 def names() -> list[str]:
     """What the families' checkpoints are called (`NAMES`), by module, each once."""
-    return list(index().names)
+    return list(dict.fromkeys(n for called in index().names.values() for n in called))
+
+
+def names_of(model_type: str) -> list[str]:
+    """What checkpoints of `model_type` are called ([] where no module names them)."""
+    return list(index().names.get(model_type, []))
 
 
 @functools.cache
