@@ -1,6 +1,7 @@
 """What several test files share (no test file imports another): random prompts, the CLI's small
 decoding flags, the eval tasks folder, the one-line error check, the W8A8 activation definition.
-The CLI itself is run through cli_runner.invoke."""
+The CLI itself is run through cli_runner.invoke. One group's shared pieces have a module each beside
+this one (gguf_decode, device_batches, steerling_trace, moe_trace, dus_trace, dkv_trace, pull_repo)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import HEAVY_PROMPT
+from dkv_trace import chat_prompt, commits, row_steps
 from mask_heavy import max_mask_probability
 from one_line import one_line_refusal
 from reference_dkv import dkv_generate
@@ -20,14 +20,6 @@ from fastdllm.decode.engine import Batch, StepEvent, generate, run
 from fastdllm.models.kv_cache import Slots
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]   # tiny float64 ops (tests/conftest.py)
-
-
-def commits(event, starts):
-    """A step's sorted [row, canvas position, token] commits (prompts of lengths `starts`, unpadded)."""
-    c = event.committed
-    rows = c.nonzero()[:, 0]
-    at = event.positions[c] + torch.tensor(starts)[rows]
-    return sorted([int(r), int(p), int(t)] for r, p, t in zip(rows, at, event.tokens[c]))
 
 
 def ours(lm, prompts, cfg):
@@ -59,15 +51,6 @@ def dkv_cfg(refresh_every, **kw):
                                   early_stop=False), **kw})
 
 
-def prompt_of(lm, boundary):
-    """The chat prompt (off the block grid of 16), or a multiple of 16 tokens (on it)."""
-    prompt = lm.encode(HEAVY_PROMPT, chat=True)
-    if not boundary:
-        return prompt
-    longer = prompt + lm.encode(" Then test it on a few numbers, please, and explain", chat=False)
-    return longer[:16 * (len(longer) // 16)]
-
-
 def assert_equal_to_theirs(lm, prompts, cfg):
     our_steps, our_sets, result = ours(lm, prompts, cfg)
     ref_steps, ref_sets, ref_canvas, ref_nfe = theirs(lm, prompts, cfg)
@@ -85,7 +68,7 @@ def assert_equal_to_theirs(lm, prompts, cfg):
 def test_step_by_step_equal_to_their_decoder(fixture, boundary, refresh_every, request):
     """Blocks of 16, one token a step: same recomputed slot sets, commits and NFE at every step."""
     lm = request.getfixturevalue(fixture)
-    prompt = prompt_of(lm, boundary)
+    prompt = chat_prompt(lm, boundary)
     assert (len(prompt) % 16 == 0) == boundary
     assert_equal_to_theirs(lm, [prompt], dkv_cfg(refresh_every))
     if fixture.endswith("heavy_mask"):  # the fixture does not hide the normaliser
@@ -97,7 +80,7 @@ def test_two_tokens_a_step_a_batch_of_two_and_one_global_canvas(fixture, request
     """Their batch (equal-length prompts), two commits a step; then the whole canvas as one block
     (Dream without blocks, where DualCache recomputes everything)."""
     lm = request.getfixturevalue(fixture)
-    first = prompt_of(lm, False)
+    first = chat_prompt(lm, False)
     second = lm.encode("Write a function that multiplies two numbers.", chat=True)[:len(first)]
     assert len(second) == len(first) and second != first
     assert_equal_to_theirs(lm, [first, second], dkv_cfg(4, steps=16))
@@ -108,7 +91,7 @@ def test_the_delay_matters(llada64, monkeypatch):
     """The comparison is not vacuous: dkv commits differently from no cache, and from a cache that
     stores a position's K/V at the step it is committed (no delay: the slots masked at this step's
     start instead of the previous one's)."""
-    prompt = prompt_of(llada64, False)
+    prompt = chat_prompt(llada64, False)
     cfg = dkv_cfg(8)
     ref_steps = theirs(llada64, [prompt], cfg)[0]
     assert ours(llada64, [prompt], DecodeConfig(**{**cfg.to_dict(), "cache": "none"}))[0] != ref_steps
@@ -125,12 +108,6 @@ def test_the_delay_matters(llada64, monkeypatch):
 
 
 PROMPTS = ["Hi.", "Explain the block-wise KV cache in two sentences, please.", "What is 2 + 2?"]
-
-
-def row_steps(events, row):
-    """One row's commits, empty steps left out: [(block, sorted positions)]."""
-    return [(e.block, sorted(e.positions[row][e.committed[row]].tolist())) for e in events
-            if isinstance(e, StepEvent) and e.committed[row].any()]
 
 
 @pytest.mark.parametrize("fixture", ["llada64", "dream64"])
@@ -160,7 +137,7 @@ def test_cache_after_a_refresh_equals_a_full_forward(fixture, request):
     lm = request.getfixturevalue(fixture)
     model = lm.model
     cfg = dkv_cfg(4)
-    batch = Batch(lm.decoder, [prompt_of(lm, False)], cfg)
+    batch = Batch(lm.decoder, [chat_prompt(lm, False)], cfg)
     canvas = batch.forward.canvas
 
     def full_kv(ids):
@@ -183,7 +160,7 @@ def test_cache_after_a_refresh_equals_a_full_forward(fixture, request):
 def test_device_step_decodes_dkv_as_the_host_path(llada64, monkeypatch):
     """DeviceStep.applies does not look at the cache mode: its eager forward takes the position set
     (a Slots span never repeats, so no graph is captured for it). Same commits as the host path."""
-    prompt = prompt_of(llada64, False)
+    prompt = chat_prompt(llada64, False)
     cfg = dkv_cfg(4)
     host = ours(llada64, [prompt], cfg)
     used = []

@@ -11,9 +11,9 @@ import json
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
+from dkv_trace import chat_prompt, commits, row_steps
 from one_line import one_line_refusal
 from reference_dllm_cache import dllm_cache_generate
-from test_dkv import commits, prompt_of, row_steps
 
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.engine import Batch, StepEvent, generate, run
@@ -65,7 +65,7 @@ def test_step_by_step_equal_to_their_decoder(fixture, boundary, gen_len, request
     (docs/accelerators/dllm-cache.md 5.1: their Dream loop, Dream's own sampler, is not transcribed); 16
     tokens (its 152k-word head makes the transcription slow)."""
     lm = request.getfixturevalue(fixture)
-    prompt = prompt_of(lm, boundary)
+    prompt = chat_prompt(lm, boundary)
     assert (len(prompt) % 16 == 0) == boundary
     trace = assert_equal_to_theirs(lm, [prompt], cache_cfg(gen_len=gen_len))
     cached = [t for t in trace if t[1] > 0]
@@ -76,7 +76,7 @@ def test_step_by_step_equal_to_their_decoder(fixture, boundary, gen_len, request
 def test_a_batch_two_a_step_and_no_transfer(llada64):
     """Their batch (equal-length prompts) at two commits a step with r 0.5; then r 0 (no partial
     update: cached features alone between refreshes) and one global canvas."""
-    first = prompt_of(llada64, False)
+    first = chat_prompt(llada64, False)
     second = llada64.encode("Write a function that multiplies two numbers.", chat=True)[:len(first)]
     assert len(second) == len(first) and second != first
     assert_equal_to_theirs(llada64, [first, second], cache_cfg(steps=16, transfer_ratio=0.5))
@@ -87,7 +87,7 @@ def test_a_batch_two_a_step_and_no_transfer(llada64):
 def test_refreshing_every_step_is_no_cache(llada64):
     """Kp = Kr = 1: every layer recomputes everything every step, the same commits as no cache; and
     the cache does change the decode at the test's intervals (the comparison above is not vacuous)."""
-    prompt = prompt_of(llada64, False)
+    prompt = chat_prompt(llada64, False)
     plain = ours_plain(llada64, [prompt], cache_cfg(cache="none"))
     assert ours(llada64, [prompt], cache_cfg(prompt_interval=1, gen_interval=1))[0] == plain
     assert ours(llada64, [prompt], cache_cfg(prompt_interval=50, gen_interval=7))[0] != plain
@@ -138,7 +138,7 @@ def test_device_step_and_graphs_off(llada64, monkeypatch):
     as the host path."""
     from fastdllm.decode import mask_loop
 
-    prompt = prompt_of(llada64, False)
+    prompt = chat_prompt(llada64, False)
     host = ours(llada64, [prompt], cache_cfg())
     used = []
 
@@ -171,7 +171,7 @@ def test_cli_generate_with_the_profile_on_the_builtin_model():
 
 def test_cache_bytes_count_the_features(llada64):
     """The result's cache bytes: the K/V buffers plus two (B, T, d) feature tensors per layer."""
-    prompt = prompt_of(llada64, False)
+    prompt = chat_prompt(llada64, False)
     cfg = cache_cfg()
     result = run(llada64.decoder, [prompt], cfg)
     plain = run(llada64.decoder, [prompt], cache_cfg(cache="dkv", prompt_interval=50))

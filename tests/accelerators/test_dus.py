@@ -14,11 +14,11 @@ import torch
 from conftest import HEAVY_PROMPT
 from reference_dus import generate_scheduled, merge_last, spacing_filter, unmask_levels
 from cli_runner import invoke
+from dus_trace import ours
 
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.dilation import dilated_levels, level_of, spaced, spacing_gap
-from fastdllm.decode.engine import StepEvent, generate
 from fastdllm.decode.rules import RULES
 from fastdllm.decode.selection import select
 from fastdllm.errors import UserError
@@ -99,19 +99,6 @@ def test_profiles_load(name, cache):
 
 
 # ---- fastdllm against the transcription ----
-
-def ours(lm, prompts, cfg, monkeypatch=None):
-    """Per row and step: the committed (generation-relative position, token) pairs; the Result."""
-    steps, result = [[] for _ in prompts], None
-    for event in generate(lm.decoder, prompts, cfg):
-        if not isinstance(event, StepEvent):
-            result = event
-            continue
-        for r in range(len(prompts)):
-            hit = event.committed[r]
-            steps[r].append(sorted(zip(event.positions[r][hit].tolist(), event.tokens[r][hit].tolist())))
-    return steps, result
-
 
 def theirs(lm, prompt, cfg):
     record = []

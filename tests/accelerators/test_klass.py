@@ -15,7 +15,7 @@ import torch
 from conftest import HEAVY_PROMPT
 from reference_klass import generate_klass
 from cli_runner import invoke
-from test_dus import ours
+from dus_trace import ours
 
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig

@@ -13,7 +13,7 @@ import torch
 from conftest import HEAVY_PROMPT
 from reference_local_leap import generate_local_leap
 from cli_runner import invoke
-from test_dus import ours
+from dus_trace import ours
 
 from fastdllm.decode import profiles
 from fastdllm.decode.config import ConfigError, DecodeConfig

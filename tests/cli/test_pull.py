@@ -18,22 +18,9 @@ from cli_runner import invoke
 from helpers import one_error_line, use_hub
 
 from fastdllm.checkpoints.locate import local_copy, resolve_model_dir
-from fastdllm.testing.tiny_random import write_llada
 from fastdllm.units import human_bytes
 from hub_server import COMMIT, Hub, blob_name
-
-REPO = "JetLM/SDAR-1.7B-Chat"          # catalog entry sdar:1.7b-chat (the tiny files stand in for it)
-
-
-@pytest.fixture(scope="module")
-def tiny_files(tmp_path_factory) -> dict[str, bytes]:
-    folder = write_llada(tmp_path_factory.mktemp("tiny") / "ckpt", d_model=32, n_layers=1, n_heads=2, mlp_hidden_size=64)
-    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    # what a hub repo also holds: the authors' code (never fetched) and a README (not a weight file)
-    files["modeling_llada.py"] = b"raise SystemExit('a checkpoint\\'s code must never run')\n"
-    files["configuration_llada.py"] = b"import os\n"
-    files["README.md"] = b"# tiny\n"
-    return files
+from pull_repo import REPO, tiny_files  # noqa: F401  (a fixture)
 
 
 @pytest.fixture

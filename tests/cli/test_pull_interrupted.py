@@ -14,7 +14,7 @@ import time
 import pytest
 
 from hub_server import Hub
-from test_pull import REPO, tiny_files  # noqa: F401  (a fixture)
+from pull_repo import REPO, tiny_files  # noqa: F401  (a fixture)
 
 BLOBS = "models--JetLM--SDAR-1.7B-Chat/blobs"
 

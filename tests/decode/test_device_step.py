@@ -9,51 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_batches import BATCHES, assert_same, decode, prompts_of
 
-from fastdllm.decode import device_step, mask_loop
+from fastdllm.decode import device_step
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.device_step import DeviceStep
-from fastdllm.decode.engine import Result, StepEvent, generate
 
-# prompt lengths (in tokens) on and off a multiple of block_len 8: one row, and a left-padded batch
-BATCHES = {"one": [16], "padded": [13, 8, 21]}
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
 pytestmark = pytest.mark.sweep   # each test's first case in the fast lane, the rest in the full suite (tests/conftest.py)
-
-
-def prompts_of(lm, lengths):
-    ids = lm.encode("Explain the block-wise KV cache in two sentences, please, and then say why.", chat=True)
-    return [ids[-n:] for n in lengths]
-
-
-def decode(lm, prompts, cfg, monkeypatch, *, full_block: bool, on_device: bool, gen_lens=None, holes=None):
-    """Per step (block, step, span, committed positions, their tokens), and the Result. The
-    forward's canvas is a copy of the host's (on CPU `.to(device)` would alias them), as on a GPU:
-    the engine must keep both."""
-    made = []
-
-    def factory(cls, model, canvas, cache, widen=True):
-        made.append(cls(model, canvas.clone(), cache, graphs=False, full_block=full_block, widen=widen,
-                        device_step=on_device))
-        return made[-1]
-
-    monkeypatch.setattr(mask_loop.SpanForward, "for_model", classmethod(factory))
-    events = list(generate(lm.decoder, prompts, cfg, gen_lens=gen_lens, holes=holes))
-    steps = [(e.block, e.step, e.span, [p[c].tolist() for p, c in zip(e.positions, e.committed)],
-              [t[c].tolist() for t, c in zip(e.tokens, e.committed)]) for e in events if isinstance(e, StepEvent)]
-    assert isinstance(events[-1], Result)
-    if holes is None and gen_lens is None:                              # the device canvas took every commit
-        assert torch.equal(made[0].canvas[:, -events[-1].canvas.shape[1]:], events[-1].canvas)
-    return steps, events[-1]
-
-
-def assert_same(a, b):
-    (steps_a, ra), (steps_b, rb) = a, b
-    assert steps_a == steps_b                                            # commit order and tokens, step by step
-    assert ra.canvas.tolist() == rb.canvas.tolist()
-    assert (ra.nfe, ra.committed, ra.ids) == (rb.nfe, rb.committed, rb.ids)
 
 
 def config(cache, rule, **kw):

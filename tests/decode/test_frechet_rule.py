@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import HEAVY_PROMPT
+from device_batches import BATCHES, assert_same, decode, prompts_of
 from reference_frechet import frechet_generate, frechet_select
-from test_device_step import BATCHES, assert_same, decode, prompts_of
 
 from fastdllm.decode.config import ConfigError, DecodeConfig
 from fastdllm.decode.device_step import DeviceStep

@@ -2,7 +2,9 @@
 (metadata keys, tensor names, q/k rows permuted where it permutes them, --outtype F32 / F16 / BF16 /
 Q8_0): LLaDA (write_gguf), and the Qwen-layout families on one vocabulary and one tensor path
 (write_qwen_gguf: Dream, RND1; write_llada_moe_gguf); and the same folder through the gguf
-package's quantize -> dequantize. Used by tests/gguf/test_gguf*.py."""
+package's quantize -> dequantize, and one weight as the package dequantizes the file's quantization of it
+(packages_dequantization, over the tiny LLaDA's block LINEARS: test_gguf_int4.py, test_gguf_fallbacks.py).
+Used by tests/gguf/test_gguf*.py."""
 
 from __future__ import annotations
 
@@ -304,3 +306,23 @@ def finish(w, out: Path, hook=None) -> Path:
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+# --- one weight as the gguf package dequantizes the file's quantization of it ---
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")    # the tiny LLaDA's block linears
+
+
+def packages_dequantization(src, name: str, qtype: str, heads: int | None) -> torch.Tensor:
+    """The weight as the file holds it (converter's row order, the type's quantizer), dequantized by the
+    gguf package and put back in the published row order: what fastdllm quantizes."""
+    from fastdllm.checkpoints.gguf_kquants import quantize_kquant
+
+    w = folder_weights(src)[name].float().numpy()
+    on_disk = converter_permute(w, heads) if heads else w
+    kind = gguf.GGMLQuantizationType[qtype]
+    raw = quantize_kquant(on_disk, qtype) if qtype.endswith("_K") else gguf.quants.quantize(on_disk, kind)
+    deq = gguf.quants.dequantize(raw, kind)
+    if heads:
+        deq = deq.reshape(heads, -1, 2, deq.shape[1]).swapaxes(1, 2).reshape(deq.shape)
+    return torch.from_numpy(np.ascontiguousarray(deq))

@@ -13,9 +13,8 @@ from helpers import SMALL
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.locate import resolve_model_dir
-from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 
+from gguf_decode import CFG, PROMPTS, decode
 from one_line import one_line_refusal
 
 gguf = pytest.importorskip("gguf")
@@ -25,9 +24,6 @@ from gguf_writer import assert_read_as_round_trip, extra, folder_weights, round_
 
 pytestmark = pytest.mark.fast
 
-CFG = DecodeConfig(gen_len=24, block_len=8, cache="dual", rule="threshold", threshold=0.7, early_stop=False)
-PROMPTS = ["Hi.", "What is 2 + 2?"]
-
 
 # --- fixtures ---
 
@@ -35,11 +31,6 @@ PROMPTS = ["Hi.", "What is 2 + 2?"]
 def files(llada_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     return {t: write_gguf(llada_dir, root / f"tiny-llada-{t}.gguf", t) for t in ("F32", "BF16", "Q8_0")}
-
-
-def decode(lm) -> list:
-    prompts = [lm.encode(p, chat=True) for p in PROMPTS]
-    return [(r.canvas[0].tolist(), r.nfe) for r in (run(lm.decoder, [p], CFG) for p in prompts)]
 
 
 # --- exactness ---

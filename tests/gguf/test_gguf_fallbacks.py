@@ -19,13 +19,13 @@ from fastdllm.models.cpu_int4 import Int4Linear, dequantize_int4, quantize_int4
 from fastdllm.models.cpu_quant import Int8Linear, quantize_int8
 
 from conftest import VARIED
+from gguf_decode import decode, decode_qwen
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 from gguf_writer import assert_read_as_round_trip, round_tripped, write_gguf  # noqa: E402  (after the skip)
-from test_gguf import decode  # noqa: E402
-from test_gguf_int4 import LINEARS, packages_dequantization  # noqa: E402
+from gguf_writer import LINEARS, packages_dequantization  # noqa: E402
 
 pytestmark = pytest.mark.fast
 FALLBACKS = ("Q4_1", "Q5_0", "Q5_1")
@@ -161,7 +161,6 @@ def test_other_families_decode_as_the_round_tripped_weights(family_dirs, arch, q
     (the MoE routers stay F32, as the converter keeps them). Every matrix of these tiny models has rows
     under 256, so llama-quantize's Q4_K_M of them is Q5_0 (and Q8_0) throughout."""
     from gguf_writer import write_llada_moe_gguf, write_qwen_gguf
-    from test_gguf_families import decode as decode_qwen
 
     src = family_dirs[arch]
     out = tmp_path / f"tiny-{arch}-{qtype}.gguf"

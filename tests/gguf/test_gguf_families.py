@@ -13,16 +13,12 @@ import torch
 
 from fastdllm.checkpoints import loading
 from fastdllm.checkpoints.locate import resolve_model_dir
-from fastdllm.decode.config import DecodeConfig
-from fastdllm.decode.engine import run
 
+from gguf_decode import QWEN_PROMPTS, decode_qwen
 from one_line import one_line_refusal
 from gguf_writer import folder_weights, round_tripped, write_qwen_gguf
 
 pytestmark = pytest.mark.fast
-
-CFG = DecodeConfig(gen_len=16, block_len=8, cache="dual", rule="threshold", threshold=0.7, early_stop=False)
-PROMPTS = ["Hi.", "What is 2 + 2?"]
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +31,6 @@ def family_dirs(dream_dir, rnd1_dir):
     return {"dream": dream_dir, "rnd1": rnd1_dir}
 
 
-def decode(lm) -> list:
-    chat = lm.has_chat_template
-    return [(r.canvas[0].tolist(), r.nfe) for r in (run(lm.decoder, [lm.encode(p, chat=chat)], CFG) for p in PROMPTS)]
-
-
 @pytest.mark.parametrize("arch", ["dream", "rnd1"])
 def test_f32_gguf_decodes_as_the_folder(family_dirs, tmp_path, arch, one_thread):
     src = family_dirs[arch]
@@ -49,13 +40,13 @@ def test_f32_gguf_decodes_as_the_folder(family_dirs, tmp_path, arch, one_thread)
     # the converter's SpecialVocab reads eos from tokenizer_config.json before config.json: for RND1
     # that is <|endoftext|> where its config.json says <|im_end|>; the file's id is the stop (llama.cpp's too)
     assert lm.specials.stops == ((want.tokenizer.eos_token_id,) if arch == "rnd1" else want.specials.stops)
-    for p in PROMPTS:
+    for p in QWEN_PROMPTS:
         assert lm.encode(p, chat=False) == want.encode(p, chat=False)
         if want.has_chat_template:
             assert lm.encode(p, chat=True) == want.encode(p, chat=True)
-    got, ref = decode(lm), decode(want)
+    got, ref = decode_qwen(lm), decode_qwen(want)
     assert got == ref                                 # tokens and NFE, exactly
-    assert len({tuple(c) for c, _ in ref}) == len(PROMPTS)
+    assert len({tuple(c) for c, _ in ref}) == len(QWEN_PROMPTS)
 
 
 @pytest.mark.parametrize("arch", ["dream", "rnd1"])
@@ -76,7 +67,7 @@ def test_q8_0_decodes_as_the_round_tripped_weights(family_dirs, tmp_path, arch, 
     lm = loading.load(resolve_model_dir(str(path)), dtype="fp64")
     router = ("mlp.gate.weight",)                         # RND1's router: F32 in the file, as the converter keeps it
     twin = loading.load(round_tripped(family_dirs[arch], tmp_path / "twin", "Q8_0", keep=router), dtype="fp64")
-    assert decode(lm) == decode(twin)
+    assert decode_qwen(lm) == decode_qwen(twin)
 
 
 def test_a_shift_the_family_does_not_have_is_refused(dream_dir, tmp_path):

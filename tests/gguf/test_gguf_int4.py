@@ -20,14 +20,13 @@ from fastdllm.models.cpu_int4 import Int4Linear, dequantize_int4, quantize_int4
 from fastdllm.models.cpu_quant import Int8Linear, quantize_int8
 
 from conftest import VARIED
-from gguf_writer import converter_permute, folder_weights, write_gguf
-from test_gguf import CFG
+from gguf_decode import CFG
+from gguf_writer import LINEARS, folder_weights, packages_dequantization, write_gguf
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 pytestmark = pytest.mark.fast
-LINEARS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
 
 
 def q4_k_m(name: str) -> str:
@@ -48,21 +47,6 @@ def files(wide, tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf4")
     return {"Q4_0": write_gguf(wide, root / "tiny-llada-Q4_0.gguf", "Q4_0"),
             "Q4_K_M": write_gguf(wide, root / "tiny-llada-Q4_K_M.gguf", q4_k_m)}
-
-
-def packages_dequantization(src, name: str, qtype: str, heads: int | None) -> torch.Tensor:
-    """The weight as the file holds it (converter's row order, the type's quantizer), dequantized by the
-    gguf package and put back in the published row order: what fastdllm quantizes."""
-    from fastdllm.checkpoints.gguf_kquants import quantize_kquant
-
-    w = folder_weights(src)[name].float().numpy()
-    on_disk = converter_permute(w, heads) if heads else w
-    kind = gguf.GGMLQuantizationType[qtype]
-    raw = quantize_kquant(on_disk, qtype) if qtype.endswith("_K") else gguf.quants.quantize(on_disk, kind)
-    deq = gguf.quants.dequantize(raw, kind)
-    if heads:
-        deq = deq.reshape(heads, -1, 2, deq.shape[1]).swapaxes(1, 2).reshape(deq.shape)
-    return torch.from_numpy(np.ascontiguousarray(deq))
 
 
 # --- the k-quant writer against the package's reader ---
@@ -261,7 +245,7 @@ def test_cli_generate_and_info_on_a_q4_k_m_file(files):
 
 
 def test_dream_q4_0_keeps_int4(dream_dir, tmp_path):
-    from test_gguf_families import write_qwen_gguf
+    from gguf_writer import write_qwen_gguf
 
     path = write_qwen_gguf(dream_dir, tmp_path / "tiny-dream-Q4_0.gguf", "dream", "Q4_0")
     lm = loading.load(resolve_model_dir(str(path)))

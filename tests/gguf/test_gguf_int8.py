@@ -148,7 +148,7 @@ def test_qwen_families_keep_q8_0_as_int8(dream_dir, tmp_path, arch, linears):
     """Dream's 7 linears a layer; RND1's 4 attention + 8 experts x 3 (the router stays float)."""
     from fastdllm.testing.tiny_rnd1 import write_rnd1
 
-    from test_gguf_families import write_qwen_gguf
+    from gguf_writer import write_qwen_gguf
 
     src = dream_dir if arch == "dream" else write_rnd1(tmp_path / "rnd1", dtype=torch.float32)
     path = write_qwen_gguf(src, tmp_path / f"tiny-{arch}-Q8_0.gguf", arch, "Q8_0")

@@ -14,10 +14,9 @@ import pytest
 import reference_indel as indel_ref
 import reference_moe as ref
 import torch
-from helpers import scheduler_answers
+from helpers import prompt_of, scheduler_answers
 from mask_heavy import often_predicted_word
 from safetensors.torch import load_file, save_file
-from test_moe import prompt_of
 
 from fastdllm.checkpoints import loading
 from fastdllm.decode.indel import RowBlock

@@ -10,7 +10,8 @@ import pytest
 import reference_editing as edit_ref
 import reference_moe as ref
 import torch
-from test_moe import decode, our_logits, prompt_of
+from helpers import prompt_of
+from moe_trace import decode, our_logits
 
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_moe import write_llada2_2

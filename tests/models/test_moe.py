@@ -14,13 +14,13 @@ import reference_moe as ref
 import torch
 from helpers import prompt_of
 from mask_heavy import heavy_copy, max_mask_probability
+from moe_trace import decode, our_logits
 from cli_runner import invoke
 
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_moe import write_llada2_moe, write_llada_moe
 from fastdllm.decode.config import DecodeConfig
 from fastdllm.decode.engine import run
-from fastdllm.decode.events import StepEvent
 from fastdllm.errors import UserError
 
 # name -> (writer, its overrides, naive reference class): the docs' §8 fixtures, a second with the
@@ -63,20 +63,6 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-def our_logits(lm, ids: list[int]) -> tuple[torch.Tensor, list]:
-    """Full-sequence float64 logits (T, V) under the family's attention, and every router's output."""
-    routes = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: routes.append(out))
-             for name, m in lm.model.named_modules() if name.endswith("mlp.gate")]
-    x = torch.tensor([ids])
-    cache = lm.model.new_cache(torch.ones_like(x, dtype=torch.bool), keep_kv=False, block=lm.model.attention.block)
-    with torch.no_grad():
-        logits = lm.model.head(lm.model.hidden_states(x, 0, cache))[0]
-    for h in hooks:
-        h.remove()
-    return logits, routes
-
-
 @pytest.mark.parametrize("name", list(FIXTURES))
 def test_logits_and_router_decisions_equal_the_reference(checkpoints, name):
     lm, naive = checkpoints(name)
@@ -108,21 +94,6 @@ def test_each_expert_runs_once_on_its_own_tokens(checkpoints):
         counts = torch.bincount(experts.flatten(), minlength=8).tolist()
         ran = {int(n.split(".")[-1]): r for n, r in rows.items() if n.startswith(f"model.layers.{layer}.")}
         assert ran == {e: [n] for e, n in enumerate(counts) if n}
-
-
-def decode(lm, prompts, cfg):
-    """Per row the denoising steps [(position, token) committed], the store passes, the Result."""
-    steps, stores, events = [[] for _ in prompts], 0, []
-    result = run(lm.decoder, prompts, cfg, on_event=lambda e: events.append(e) if isinstance(e, StepEvent) else None)
-    for e in events:
-        stores += e.step < 0
-        for row, prompt in enumerate(prompts):
-            pairs = sorted((int(p) + len(prompt), int(t)) for p, t, c in
-                           zip(e.positions[row], e.tokens[row], e.committed[row]) if c)
-            if e.step >= 0 and pairs:
-                steps[row].append(pairs)
-            assert e.step >= 0 or not pairs                    # no logit shift: store passes commit nothing
-    return steps, stores, result, events
 
 
 @pytest.mark.parametrize("name, length, per_block, threshold", [

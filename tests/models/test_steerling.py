@@ -19,20 +19,7 @@ from fastdllm.decode.engine import generate
 from fastdllm.errors import UserError
 
 import reference_steerling as ref
-
-PROMPTS = {3: [275, 32, 99], 8: [275, 32, 99, 264, 279, 32, 261, 276], 9: [256, 101, 264, 45, 17, 200, 275, 32, 99],
-           15: [40, 275, 32, 99, 264, 279, 32, 261, 276, 32, 109, 264, 277, 276, 32]}
-GREEDY = dict(entropy_sampling=False, temperature=0.0)
-ENTROPY = dict(entropy_sampling=True, temperature=1.2, top_p=0.8)
-TOP_P = dict(entropy_sampling=False, temperature=0.9, top_p=0.7)
-
-
-def _steered_row(folder, token: int, scale: float) -> torch.Tensor:
-    """An embedding row along the masks' mean final hidden state: the tied head then favours `token`."""
-    c = json.loads((folder / "config.json").read_text())
-    h = ref.hidden(ref.load_tensors(folder), c, PROMPTS[9] + [c["mask_token_id"]] * 16)[9:]
-    direction = h.mean(0)
-    return scale * direction / direction.norm()
+from steerling_trace import ENTROPY, GREEDY, PROMPTS, TOP_P, ours, steered_row
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +33,7 @@ def folders(tmp_path_factory):
     found["chunky"] = _with_row(root / "chunky", base, ENDOFCHUNK, 0.9)     # scanned: a stop mid-run
     instruct = write_steerling(root / "instruct", dtype=torch.float64, instruct=True, seed=3)
     found["instruct"] = write_steerling(root / "instruct", dtype=torch.float64, instruct=True, seed=3,
-                                        eot_row=_steered_row(instruct, EOT, 1.2))      # scanned: EOT in block 1
+                                        eot_row=steered_row(instruct, EOT, 1.2))      # scanned: EOT in block 1
     return found
 
 
@@ -56,17 +43,9 @@ def _with_row(out, base, token, scale):
 
     out = write_steerling(out, dtype=torch.float64)
     w = load_file(str(out / "model.safetensors"))
-    w["transformer.tok_emb.weight"][token] = _steered_row(base, token, scale)
+    w["transformer.tok_emb.weight"][token] = steered_row(base, token, scale)
     save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
-
-
-def _ours(folder, prompts, **decode):
-    lm = load(folder, dtype="fp64")
-    cfg = DecodeConfig(**{"block_len": json.loads((folder / "config.json").read_text())["diff_block_size"],
-                          "rule": "fixed", "cache": "prefix", **decode})
-    events = list(generate(lm.decoder, prompts, cfg))
-    return events[-1], events
 
 
 def _theirs(folder, prompt, cfg: DecodeConfig, stop_tokens=(), eot_id=None):
@@ -99,7 +78,7 @@ CASES = [(L, gen, steps, sampling, rp, cache)
 def test_generate_as_the_authors(folders, L, gen, steps, sampling, rp, cache):
     cfg = DecodeConfig(gen_len=gen, block_len=8, steps=steps, rule="fixed", cache=cache, repetition_penalty=rp,
                        seed=7, early_stop=False, **sampling)
-    result, events = _ours(folders["base"], [PROMPTS[L]], **{k: getattr(cfg, k) for k in (
+    result, events = ours(folders["base"], [PROMPTS[L]], **{k: getattr(cfg, k) for k in (
         "gen_len", "steps", "cache", "repetition_penalty", "seed", "early_stop", "entropy_sampling", "temperature",
         "top_p")})
     theirs = _theirs(folders["base"], PROMPTS[L], cfg)
@@ -110,7 +89,7 @@ def test_generate_as_the_authors(folders, L, gen, steps, sampling, rp, cache):
 
 @pytest.mark.parametrize("L", [3, 9])
 def test_blocks_of_64_and_an_untied_head(folders, L):
-    result, _ = _ours(folders["grid64"], [PROMPTS[L]], gen_len=64, steps=16, repetition_penalty=1.1, **ENTROPY)
+    result, _ = ours(folders["grid64"], [PROMPTS[L]], gen_len=64, steps=16, repetition_penalty=1.1, **ENTROPY)
     theirs = ref.generate_full(folders["grid64"], PROMPTS[L], max_new_tokens=64, steps=16, **ENTROPY, seed=0)
     assert result.canvas[0].tolist() == theirs["canvas"] and result.nfe == theirs["nfe"] == 16
 
@@ -118,7 +97,7 @@ def test_blocks_of_64_and_an_untied_head(folders, L):
 @pytest.mark.parametrize("cache", ["prefix", "none"])
 def test_a_stop_token_ends_the_answer_after_its_block(folders, cache):
     folder = folders["chunky"]
-    result, events = _ours(folder, [PROMPTS[15]], gen_len=40, cache=cache, seed=0, repetition_penalty=1.1, **ENTROPY)
+    result, events = ours(folder, [PROMPTS[15]], gen_len=40, cache=cache, seed=0, repetition_penalty=1.1, **ENTROPY)
     theirs = ref.generate_full(folder, PROMPTS[15], max_new_tokens=40, stop_tokens=[ENDOFCHUNK], seed=0, **ENTROPY)
     at = theirs["canvas"].index(ENDOFCHUNK)
     assert theirs["stop"] == "stop" and theirs["nfe"] == 16 and at // 8 == 1 and at % 8 not in (0, 7)
@@ -129,7 +108,7 @@ def test_a_stop_token_ends_the_answer_after_its_block(folders, cache):
 @pytest.mark.parametrize("cache", ["prefix", "none"])
 def test_the_instruct_end_of_turn_stops_mid_step(folders, cache):
     folder = folders["instruct"]
-    result, _ = _ours(folder, [PROMPTS[15]], gen_len=32, steps=16, cache=cache, repetition_penalty=1.1, **ENTROPY)
+    result, _ = ours(folder, [PROMPTS[15]], gen_len=32, steps=16, cache=cache, repetition_penalty=1.1, **ENTROPY)
     theirs = ref.generate_full(folder, PROMPTS[15], max_new_tokens=32, steps=16, eot_id=EOT, seed=0, **ENTROPY)
     assert theirs["stop"] == "eot" and theirs["nfe"] == 5 and theirs["canvas"].index(EOT) == 9
     assert result.canvas[0].tolist() == theirs["canvas"] and result.ids[0] == theirs["tokens"]
@@ -138,9 +117,9 @@ def test_the_instruct_end_of_turn_stops_mid_step(folders, cache):
 
 def test_a_batch_of_one_length_decodes_each_row_as_alone(folders):
     prompts = [PROMPTS[9], PROMPTS[9][::-1]]
-    together, _ = _ours(folders["base"], prompts, gen_len=16, **ENTROPY)
+    together, _ = ours(folders["base"], prompts, gen_len=16, **ENTROPY)
     for row, prompt in enumerate(prompts):
-        alone, _ = _ours(folders["base"], [prompt], gen_len=16, **ENTROPY)
+        alone, _ = ours(folders["base"], [prompt], gen_len=16, **ENTROPY)
         assert together.canvas[row].tolist() == alone.canvas[0].tolist()
 
 

@@ -21,7 +21,7 @@ from steerling.configs.generation import GenerationConfig  # noqa: E402
 from steerling.models.interpretable.interpretable_causal_diffusion import InterpretableCausalDiffusionLM  # noqa: E402
 
 from fastdllm.testing.tiny_steerling import ENDOFCHUNK, EOT, write_steerling  # noqa: E402
-from test_steerling import ENTROPY, GREEDY, PROMPTS, TOP_P, _ours, _steered_row  # noqa: E402
+from steerling_trace import ENTROPY, GREEDY, PROMPTS, TOP_P, ours, steered_row  # noqa: E402
 
 
 class StubTokenizer:
@@ -59,7 +59,7 @@ def folders(tmp_path_factory):
             "grid64": write_steerling(root / "grid64", dtype=torch.float64, seed=1, diff_block_size=64, clip_qkv=None,
                                       weight_sharing=False, sharded=True),
             "instruct": write_steerling(root / "instruct", dtype=torch.float64, instruct=True, seed=3,
-                                        eot_row=_steered_row(instruct, EOT, 1.2))}
+                                        eot_row=steered_row(instruct, EOT, 1.2))}
 
 
 @pytest.mark.parametrize("name, L, gen, steps, sampling, rp, stops", [
@@ -72,8 +72,8 @@ def test_generate_full_itself(folders, name, L, gen, steps, sampling, rp, stops)
                               top_p=sampling.get("top_p", 0.8), repetition_penalty=rp,
                               use_entropy_sampling=sampling["entropy_sampling"], seed=11, stop_tokens=stops)
     theirs = generator.generate_full(torch.tensor([PROMPTS[L]]), config)
-    ours, _ = _ours(folders[name], [PROMPTS[L]], gen_len=gen, steps=steps, repetition_penalty=rp, seed=11,
-                    early_stop=bool(stops), **sampling)
-    assert ours.canvas[0].tolist() == theirs.tokens[L:].tolist()
-    assert ours.ids[0] == ([int(t) for t in theirs.text.split()] if theirs.text else [])
-    assert ours.nfe == len(calls)
+    got, _ = ours(folders[name], [PROMPTS[L]], gen_len=gen, steps=steps, repetition_penalty=rp, seed=11,
+                  early_stop=bool(stops), **sampling)
+    assert got.canvas[0].tolist() == theirs.tokens[L:].tolist()
+    assert got.ids[0] == ([int(t) for t in theirs.text.split()] if theirs.text else [])
+    assert got.nfe == len(calls)
