@@ -1,5 +1,5 @@
-"""The mixture-of-experts trace, shared by tests/models/test_moe.py and test_llada2_2.py: a model's full-sequence
-float64 logits under the family's attention with every router's output (our_logits), and a decode that
+"""The mixture-of-experts trace, shared by tests/models/test_moe.py, test_llada2_2.py and
+test_sdar_moe.py: a model's full-sequence float64 logits under the family's attention with every router's output (our_logits), and a decode that
 records per row the (position, token) pairs committed at each denoising step, the store passes, the
 Result and the step events (decode). The prompts are helpers.prompt_of's."""
 

@@ -18,6 +18,7 @@ import torch
 from cli_runner import invoke
 from helpers import QWEN_IDS, prompt_of
 from block_families import SDAR_MOE, block_steps, sdar_moe_checkpoints
+from moe_trace import our_logits
 
 from fastdllm.checkpoints import loading
 from fastdllm.testing.tiny_sdar_moe import (
@@ -49,20 +50,6 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.sweep]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     return sdar_moe_checkpoints(tmp_path_factory)
-
-
-def our_logits(lm, ids: list[int]):
-    """Full-sequence float64 logits (T, V) under block-causal attention, and every router's output."""
-    routes = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: routes.append(out))
-             for name, m in lm.model.named_modules() if name.endswith("mlp.gate")]
-    x = torch.tensor([ids])
-    cache = lm.model.new_cache(torch.ones_like(x, dtype=torch.bool), keep_kv=False, block=lm.model.attention.block)
-    with torch.no_grad():
-        logits = lm.model.head(lm.model.hidden_states(x, 0, cache))[0]
-    for h in hooks:
-        h.remove()
-    return logits, routes
 
 
 # --- the files, as a download brings them ---------------------------------------------------------
