@@ -79,8 +79,8 @@ def index() -> Index:
         if (declared := _statement(text, "DECODES")) is not None:
             decodes.update(ast.literal_eval(declared))
         if (called := _statement(text, "NAMES")) is not None:
-            for model_type, called_so in ast.literal_eval(called).items():
-                names.setdefault(model_type, []).extend(called_so)
+            for model_type, spelled in ast.literal_eval(called).items():
+                names.setdefault(model_type, []).extend(spelled)
     for model_type, modules in served.items():       # the module named after the type first
         modules.sort(key=lambda m: m != model_type.lower())
     aliases = {key: decodes[target] for key, target in decodes.items() if isinstance(target, str)}
